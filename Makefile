@@ -1,0 +1,29 @@
+# The two commands a newcomer needs: `make run` and `make test`. Both bootstrap the virtualenv.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+
+.PHONY: run test lint protos demo bench venv clean
+
+venv:
+	@scripts/bootstrap.sh
+
+run: venv
+	$(BIN)/antwort-grpc serve
+
+test: venv
+	@scripts/system-deps.sh
+	$(MAKE) --no-print-directory lint
+	$(PY) -m pytest -q
+
+lint: venv
+	$(BIN)/ruff check antwort_grpc tests scripts
+	$(BIN)/ruff format --check antwort_grpc tests scripts
+	$(BIN)/mypy antwort_grpc
+	cd protos && ../$(BIN)/buf lint
+
+protos: venv
+	$(PY) scripts/gen_protos.py
+
+clean:
+	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,61 @@
+"""Configuration of every role the package runs, from flags and ANTWORT_* environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def _split_commas(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class GatewaySettings(BaseSettings):
+    """`antwort-grpc serve`."""
+
+    model_config = SettingsConfigDict(env_prefix="ANTWORT_", extra="ignore")
+
+    listen: str = "127.0.0.1:50051"
+    log_level: str = "INFO"
+    # Directory for the embedded defaults (SQLite file, local model state).
+    data_dir: Path = Path("var")
+
+    # Model backend: an OpenAI-compatible /v1/chat/completions endpoint. Unset: the embedded
+    # local model (when installed) or the scripted provider given by `script`.
+    backend_url: str | None = None
+    model: str = ""
+    backend_api_key: str | None = None
+    backend_api_key_file: Path | None = None
+    backend_headers: dict[str, str] = Field(default_factory=dict)
+    backend_connect_timeout: float = 5.0
+    backend_read_timeout: float = 120.0
+    backend_max_retries: int = 3
+    # A JSON file of scripted turns: the provider tests and the demo use.
+    script: Path | None = None
+
+    # "memory", "sqlite:///path/file.db" or "postgresql://…"; empty: SQLite under data_dir.
+    store: str = ""
+    history_max_depth: int = 100
+    response_ttl_seconds: float | None = None
+
+    # gRPC targets of ToolExecutorService servers.
+    executors: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    max_turns: int = 10
+    # Seconds in-flight streams get to finish on SIGTERM.
+    shutdown_grace: float = 10.0
+
+    _split = field_validator("executors", mode="before")(_split_commas)
+
+
+class ExecutorSettings(BaseSettings):
+    """`antwort-grpc executor …` roles."""
+
+    model_config = SettingsConfigDict(env_prefix="ANTWORT_EXECUTOR_", extra="ignore")
+
+    listen: str = "127.0.0.1:50061"
+    log_level: str = "INFO"

@@ -1,0 +1,1 @@
+"""Tool executors: where tool calls run (the client, a sandbox service, an MCP bridge, …)."""

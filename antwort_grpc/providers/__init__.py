@@ -1,0 +1,1 @@
+"""Model backends: the Provider protocol and its implementations."""

@@ -1,0 +1,113 @@
+"""What the engine needs from a model backend: stream one turn, or complete one turn.
+
+A provider sees the whole context of a turn (a list of items) and answers with deltas (streaming)
+or whole items (non-streaming). It never sees the engine's events or sequence numbers; the
+engine's emitter turns deltas into items and events. Backend wire formats stay inside the
+provider.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from antwort_grpc import pb
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"
+    TOOL_CALLS = "tool_calls"
+    LENGTH = "length"
+    CONTENT_FILTER = "content_filter"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    """One inference call: the full context and the settings for this turn."""
+
+    model: str
+    instructions: str
+    items: Sequence[pb.Item]
+    tools: Sequence[pb.FunctionTool]
+    # The choice for this turn; None means auto. Allowed-tools restrictions are the engine's
+    # business: the model always sees every tool.
+    tool_choice: pb.ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class RefusalDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A fragment of the tool call at `index`. The first fragment of a call carries its
+    call_id and name; later ones carry only argument text."""
+
+    index: int
+    arguments: str = ""
+    call_id: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnd:
+    """Always the last thing a turn stream yields."""
+
+    finish: FinishReason
+    usage: pb.Usage | None = None
+
+
+ProviderEvent = TextDelta | RefusalDelta | ReasoningDelta | ToolCallDelta | TurnEnd
+
+
+@dataclass(slots=True)
+class Completion:
+    """A whole turn from the non-streaming path. Items need no ids: the engine assigns them."""
+
+    items: list[pb.Item]
+    finish: FinishReason = FinishReason.STOP
+    usage: pb.Usage | None = None
+
+
+class ProviderError(Exception):
+    """The backend failed. `code` is machine-readable and ends up in Response.error.code."""
+
+    def __init__(self, code: str, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+
+
+class Provider(Protocol):
+    def stream(self, turn: TurnRequest) -> AsyncIterator[ProviderEvent]:
+        """Stream one turn: deltas, then exactly one TurnEnd. Raises ProviderError."""
+        ...
+
+    async def complete(self, turn: TurnRequest) -> Completion:
+        """Run one turn without streaming. Raises ProviderError."""
+        ...
+
+
+@dataclass(slots=True)
+class ProviderHealth:
+    ok: bool
+    detail: str = ""
+    extra: dict[str, str] = field(default_factory=dict)

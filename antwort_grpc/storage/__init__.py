@@ -1,0 +1,1 @@
+"""Response storage: the ResponseStore protocol and its implementations."""
