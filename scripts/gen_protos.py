@@ -41,6 +41,7 @@ def generate(out: Path) -> None:
         for old in out.glob("*_pb2*.py*"):
             old.unlink()
         exports: list[str] = []
+        public: list[str] = []
         for src in sorted((Path(tmp) / "antwort" / "v1").iterdir()):
             text = src.read_text()
             text = re.sub(r"^from antwort\.v1 import", "from antwort_grpc.pb import", text, flags=re.M)
@@ -50,12 +51,15 @@ def generate(out: Path) -> None:
                 names = [n for n in names if not n.startswith("_")]
                 if names:
                     exports.append(f"from antwort_grpc.pb.{src.stem} import {', '.join(names)}")
+                    public += names
             elif src.name.endswith("_pb2_grpc.py"):
                 names = re.findall(r"^(?:class|def) (\w+)", text, flags=re.M)
                 if names:
                     exports.append(f"from antwort_grpc.pb.{src.stem} import {', '.join(names)}")
+                    public += names
     init = HEADER + '"""The antwort.v1 protobuf messages, enums and gRPC stubs."""\n\n'
-    init += "# ruff: noqa: F401, E501\n" + "\n".join(exports) + "\n"
+    init += "# ruff: noqa: F401, E501\n" + "\n".join(exports) + "\n\n"
+    init += "__all__ = [\n" + "".join(f'    "{n}",\n' for n in public) + "]\n"
     (out / "__init__.py").write_text(init)
 
 

@@ -7,6 +7,7 @@ ToolResult of the data model are the protobuf items themselves.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Protocol, runtime_checkable
 
 from antwort_grpc import pb
@@ -14,18 +15,20 @@ from antwort_grpc import pb
 # Executors report progress of a running call as short text messages.
 ProgressSink = Callable[[str], None]
 
+# The deadline of the request a call belongs to, in event-loop time (loop.time()), or None.
+# Set by the engine around tool execution; remote executors pass what remains of it on.
+current_deadline: ContextVar[float | None] = ContextVar("current_deadline", default=None)
+
 
 class ToolExecutor(Protocol):
     @property
-    def kind(self) -> pb.ToolKind.ValueType: ...
+    def kind(self) -> int: ...
 
     async def can_execute(self, tool: pb.Tool) -> bool:
         """Whether this executor runs calls of the given tool definition."""
         ...
 
-    async def execute(
-        self, call: pb.FunctionCall, tool: pb.Tool, progress: ProgressSink
-    ) -> pb.FunctionCallOutput:
+    async def execute(self, call: pb.FunctionCall, tool: pb.Tool, progress: ProgressSink) -> pb.FunctionCallOutput:
         """Run one call. Failures are returned as is_error outputs; raising is also tolerated
         (the engine turns the exception into an is_error output)."""
         ...
@@ -47,13 +50,11 @@ class FunctionExecutor:
     """
 
     @property
-    def kind(self) -> pb.ToolKind.ValueType:
+    def kind(self) -> int:
         return pb.ToolKind.TOOL_KIND_FUNCTION
 
     async def can_execute(self, tool: pb.Tool) -> bool:
-        return tool.WhichOneof("kind") == "function"
+        return bool(tool.WhichOneof("kind") == "function")
 
-    async def execute(
-        self, call: pb.FunctionCall, tool: pb.Tool, progress: ProgressSink
-    ) -> pb.FunctionCallOutput:
+    async def execute(self, call: pb.FunctionCall, tool: pb.Tool, progress: ProgressSink) -> pb.FunctionCallOutput:
         raise RuntimeError("function tools are executed by the client")

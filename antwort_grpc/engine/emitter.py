@@ -1,0 +1,370 @@
+"""The one owner of a response's stream state: sequence numbers, output indexes, open items and
+the Response being built. Everything that becomes an event goes through here.
+
+Provider deltas arrive with `on_*` methods. Items stay open while deltas may still come: a
+message until the turn moves on to reasoning or tool calls, tool calls (keyed by the provider's
+index) until the turn ends. `close_turn` closes what is open, in output order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from antwort_grpc import pb
+from antwort_grpc.ids import new_id
+
+Status = pb.ItemStatus
+
+
+@dataclass(slots=True)
+class _OpenMessage:
+    item: pb.Item
+    index: int
+    # (content index, kind, accumulated fragments) of the part receiving deltas.
+    part_index: int = -1
+    part_kind: str = ""
+    fragments: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _OpenReasoning:
+    item: pb.Item
+    index: int
+    fragments: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _OpenCall:
+    item: pb.Item
+    index: int
+    fragments: list[str] = field(default_factory=list)
+
+
+class ResponseEmitter:
+    def __init__(self, response: pb.Response) -> None:
+        self.response = response
+        self._seq = 0
+        self._message: _OpenMessage | None = None
+        self._reasoning: _OpenReasoning | None = None
+        self._calls: dict[int, _OpenCall] = {}
+        # Items finished in the current turn, in output order: what the loop looks at.
+        self.turn_items: list[pb.Item] = []
+
+    @property
+    def sequence_number(self) -> int:
+        return self._seq
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def created(self) -> pb.StreamEvent:
+        return pb.StreamEvent(sequence_number=self._next(), created=pb.ResponseCreatedEvent(response=self.response))
+
+    def in_progress(self) -> pb.StreamEvent:
+        return pb.StreamEvent(
+            sequence_number=self._next(), in_progress=pb.ResponseInProgressEvent(response=self.response)
+        )
+
+    def terminal(self, tool_calls: list[pb.FunctionCall] | None = None) -> pb.StreamEvent:
+        """The one terminal event, chosen by the response's (final) status."""
+        seq = self._next()
+        status = self.response.status
+        S = pb.ResponseStatus
+        if status == S.RESPONSE_STATUS_COMPLETED:
+            return pb.StreamEvent(sequence_number=seq, completed=pb.ResponseCompletedEvent(response=self.response))
+        if status == S.RESPONSE_STATUS_REQUIRES_ACTION:
+            return pb.StreamEvent(
+                sequence_number=seq,
+                requires_action=pb.ResponseRequiresActionEvent(response=self.response, tool_calls=tool_calls or []),
+            )
+        if status == S.RESPONSE_STATUS_INCOMPLETE:
+            return pb.StreamEvent(sequence_number=seq, incomplete=pb.ResponseIncompleteEvent(response=self.response))
+        if status == S.RESPONSE_STATUS_CANCELLED:
+            return pb.StreamEvent(sequence_number=seq, cancelled=pb.ResponseCancelledEvent(response=self.response))
+        return pb.StreamEvent(sequence_number=seq, failed=pb.ResponseFailedEvent(response=self.response))
+
+    # -- whole items ---------------------------------------------------------------------------
+
+    def add_item(self, item: pb.Item) -> list[pb.StreamEvent]:
+        """An item that arrives complete (non-streaming turns, tool outputs): added, then done."""
+        if not item.id:
+            item.id = new_id(_PREFIX[item.WhichOneof("kind") or "message"])
+        item.status = Status.ITEM_STATUS_COMPLETED
+        index = len(self.response.output)
+        stored = self.response.output.add()
+        stored.CopyFrom(item)
+        self.turn_items.append(stored)
+        return [
+            pb.StreamEvent(
+                sequence_number=self._next(),
+                output_item_added=pb.OutputItemAddedEvent(output_index=index, item=stored),
+            ),
+            pb.StreamEvent(
+                sequence_number=self._next(),
+                output_item_done=pb.OutputItemDoneEvent(output_index=index, item=stored),
+            ),
+        ]
+
+    def _open(self, prefix: str) -> tuple[pb.Item, int]:
+        index = len(self.response.output)
+        item = self.response.output.add()
+        item.id = new_id(prefix)
+        item.status = Status.ITEM_STATUS_IN_PROGRESS
+        return item, index
+
+    # -- streamed deltas -----------------------------------------------------------------------
+
+    def on_text(self, text: str, kind: str = "output_text") -> list[pb.StreamEvent]:
+        events: list[pb.StreamEvent] = []
+        if self._reasoning is not None:
+            events += self._close_reasoning(Status.ITEM_STATUS_COMPLETED)
+        msg = self._message
+        if msg is None:
+            item, index = self._open("msg")
+            item.message.role = pb.Role.ROLE_ASSISTANT
+            msg = self._message = _OpenMessage(item, index)
+            events.append(
+                pb.StreamEvent(
+                    sequence_number=self._next(),
+                    output_item_added=pb.OutputItemAddedEvent(output_index=index, item=item),
+                )
+            )
+        if msg.part_kind != kind:
+            if msg.part_kind:
+                events += self._close_part(msg)
+            msg.part_index = len(msg.item.message.content)
+            msg.part_kind = kind
+            part = msg.item.message.content.add()
+            getattr(part, kind).SetInParent()
+            events.append(
+                pb.StreamEvent(
+                    sequence_number=self._next(),
+                    content_part_added=pb.ContentPartAddedEvent(
+                        item_id=msg.item.id, output_index=msg.index, content_index=msg.part_index, part=part
+                    ),
+                )
+            )
+        msg.fragments.append(text)
+        seq = self._next()
+        if kind == "output_text":
+            events.append(
+                pb.StreamEvent(
+                    sequence_number=seq,
+                    output_text_delta=pb.OutputTextDeltaEvent(
+                        item_id=msg.item.id, output_index=msg.index, content_index=msg.part_index, delta=text
+                    ),
+                )
+            )
+        else:
+            events.append(
+                pb.StreamEvent(
+                    sequence_number=seq,
+                    refusal_delta=pb.RefusalDeltaEvent(
+                        item_id=msg.item.id, output_index=msg.index, content_index=msg.part_index, delta=text
+                    ),
+                )
+            )
+        return events
+
+    def on_refusal(self, text: str) -> list[pb.StreamEvent]:
+        return self.on_text(text, kind="refusal")
+
+    def on_reasoning(self, text: str) -> list[pb.StreamEvent]:
+        events: list[pb.StreamEvent] = []
+        r = self._reasoning
+        if r is None:
+            item, index = self._open("rs")
+            item.reasoning.SetInParent()
+            r = self._reasoning = _OpenReasoning(item, index)
+            events.append(
+                pb.StreamEvent(
+                    sequence_number=self._next(),
+                    output_item_added=pb.OutputItemAddedEvent(output_index=index, item=item),
+                )
+            )
+        r.fragments.append(text)
+        events.append(
+            pb.StreamEvent(
+                sequence_number=self._next(),
+                reasoning_text_delta=pb.ReasoningTextDeltaEvent(item_id=r.item.id, output_index=r.index, delta=text),
+            )
+        )
+        return events
+
+    def on_tool_call(self, index: int, call_id: str | None, name: str | None, arguments: str) -> list[pb.StreamEvent]:
+        events: list[pb.StreamEvent] = []
+        call = self._calls.get(index)
+        if call is None:
+            events += self._close_message(Status.ITEM_STATUS_COMPLETED)
+            events += self._close_reasoning(Status.ITEM_STATUS_COMPLETED)
+            item, out_index = self._open("fc")
+            item.function_call.call_id = call_id or new_id("call")
+            item.function_call.name = name or ""
+            call = self._calls[index] = _OpenCall(item, out_index)
+            events.append(
+                pb.StreamEvent(
+                    sequence_number=self._next(),
+                    output_item_added=pb.OutputItemAddedEvent(output_index=out_index, item=item),
+                )
+            )
+        elif name and not call.item.function_call.name:
+            call.item.function_call.name = name
+        if arguments:
+            call.fragments.append(arguments)
+            events.append(
+                pb.StreamEvent(
+                    sequence_number=self._next(),
+                    function_call_arguments_delta=pb.FunctionCallArgumentsDeltaEvent(
+                        item_id=call.item.id, output_index=call.index, delta=arguments
+                    ),
+                )
+            )
+        return events
+
+    def close_turn(self, status: int = Status.ITEM_STATUS_COMPLETED) -> list[pb.StreamEvent]:
+        """Close every open item (in output order). INCOMPLETE keeps partial content."""
+        pending: list[tuple[int, str]] = []
+        if self._message is not None:
+            pending.append((self._message.index, "message"))
+        if self._reasoning is not None:
+            pending.append((self._reasoning.index, "reasoning"))
+        pending += [(c.index, f"call:{key}") for key, c in self._calls.items()]
+        events: list[pb.StreamEvent] = []
+        for _, what in sorted(pending):
+            if what == "message":
+                events += self._close_message(status)
+            elif what == "reasoning":
+                events += self._close_reasoning(status)
+            else:
+                events += self._close_call(int(what[5:]), status)
+        return events
+
+    def start_turn(self) -> None:
+        self.turn_items = []
+
+    # -- closing -------------------------------------------------------------------------------
+
+    def _close_part(self, msg: _OpenMessage) -> list[pb.StreamEvent]:
+        text = "".join(msg.fragments)
+        msg.fragments = []
+        part = msg.item.message.content[msg.part_index]
+        kind = msg.part_kind
+        seq = self._next()
+        if kind == "output_text":
+            part.output_text.text = text
+            done = pb.StreamEvent(
+                sequence_number=seq,
+                output_text_done=pb.OutputTextDoneEvent(
+                    item_id=msg.item.id, output_index=msg.index, content_index=msg.part_index, text=text
+                ),
+            )
+        else:
+            part.refusal.refusal = text
+            done = pb.StreamEvent(
+                sequence_number=seq,
+                refusal_done=pb.RefusalDoneEvent(
+                    item_id=msg.item.id, output_index=msg.index, content_index=msg.part_index, refusal=text
+                ),
+            )
+        msg.part_kind = ""
+        return [
+            done,
+            pb.StreamEvent(
+                sequence_number=self._next(),
+                content_part_done=pb.ContentPartDoneEvent(
+                    item_id=msg.item.id, output_index=msg.index, content_index=msg.part_index, part=part
+                ),
+            ),
+        ]
+
+    def _close_message(self, status: int) -> list[pb.StreamEvent]:
+        msg = self._message
+        if msg is None:
+            return []
+        self._message = None
+        events = self._close_part(msg) if msg.part_kind else []
+        return events + self._done(msg.item, msg.index, status)
+
+    def _close_reasoning(self, status: int) -> list[pb.StreamEvent]:
+        r = self._reasoning
+        if r is None:
+            return []
+        self._reasoning = None
+        text = "".join(r.fragments)
+        r.item.reasoning.text = text
+        done = pb.StreamEvent(
+            sequence_number=self._next(),
+            reasoning_text_done=pb.ReasoningTextDoneEvent(item_id=r.item.id, output_index=r.index, text=text),
+        )
+        return [done, *self._done(r.item, r.index, status)]
+
+    def _close_call(self, key: int, status: int) -> list[pb.StreamEvent]:
+        call = self._calls.pop(key)
+        arguments = "".join(call.fragments)
+        call.item.function_call.arguments = arguments
+        done = pb.StreamEvent(
+            sequence_number=self._next(),
+            function_call_arguments_done=pb.FunctionCallArgumentsDoneEvent(
+                item_id=call.item.id, output_index=call.index, arguments=arguments
+            ),
+        )
+        return [done, *self._done(call.item, call.index, status)]
+
+    def _done(self, item: pb.Item, index: int, status: int) -> list[pb.StreamEvent]:
+        item.status = status  # type: ignore[assignment]
+        self.turn_items.append(item)
+        return [
+            pb.StreamEvent(
+                sequence_number=self._next(),
+                output_item_done=pb.OutputItemDoneEvent(output_index=index, item=item),
+            )
+        ]
+
+    # -- tool execution progress ---------------------------------------------------------------
+
+    def tool_started(self, item: pb.Item, index: int) -> pb.StreamEvent:
+        return pb.StreamEvent(
+            sequence_number=self._next(),
+            tool_execution_in_progress=pb.ToolExecutionInProgressEvent(
+                item_id=item.id,
+                output_index=index,
+                call_id=item.function_call.call_id,
+                name=item.function_call.name,
+            ),
+        )
+
+    def tool_progress(self, item: pb.Item, index: int, message: str) -> pb.StreamEvent:
+        return pb.StreamEvent(
+            sequence_number=self._next(),
+            tool_execution_progress=pb.ToolExecutionProgressEvent(
+                item_id=item.id, output_index=index, call_id=item.function_call.call_id, message=message
+            ),
+        )
+
+    def tool_finished(self, item: pb.Item, index: int, result: pb.FunctionCallOutput) -> pb.StreamEvent:
+        seq = self._next()
+        call_id = item.function_call.call_id
+        if result.is_error:
+            return pb.StreamEvent(
+                sequence_number=seq,
+                tool_execution_failed=pb.ToolExecutionFailedEvent(
+                    item_id=item.id, output_index=index, call_id=call_id, error=result.output
+                ),
+            )
+        return pb.StreamEvent(
+            sequence_number=seq,
+            tool_execution_completed=pb.ToolExecutionCompletedEvent(
+                item_id=item.id, output_index=index, call_id=call_id
+            ),
+        )
+
+
+_PREFIX = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "reasoning": "rs",
+}

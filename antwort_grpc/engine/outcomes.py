@@ -1,0 +1,48 @@
+"""Where one turn of the loop leads: the loop is a `match` over these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from antwort_grpc import pb
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """A final answer (or tool calls that are not to be executed): the response completes."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecuteTools:
+    """Run these calls on server-side executors, feed the results back, run another turn."""
+
+    calls: list[pb.FunctionCall]
+    rejected: list[pb.FunctionCallOutput] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class RequiresAction:
+    """The client must execute these calls; the response pauses."""
+
+    calls: list[pb.FunctionCall]
+    rejected: list[pb.FunctionCallOutput] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Incomplete:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    pass
+
+
+TurnOutcome = Completed | ExecuteTools | RequiresAction | Incomplete
+FinalOutcome = Completed | RequiresAction | Incomplete | Failed | Cancelled

@@ -1,0 +1,57 @@
+"""Turning a CreateResponseRequest into the pieces the loop works with."""
+
+from __future__ import annotations
+
+import time
+
+from antwort_grpc import pb
+from antwort_grpc.ids import new_id, response_id
+
+_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def input_items(request: pb.CreateResponseRequest) -> list[pb.Item]:
+    """The request's input as items with ids; a plain string becomes one user message."""
+    if request.WhichOneof("input") == "input_text":
+        part = pb.ContentPart(input_text=pb.InputText(text=request.input_text))
+        item = pb.Item(
+            id=new_id("msg"),
+            status=pb.ItemStatus.ITEM_STATUS_COMPLETED,
+            message=pb.Message(role=pb.Role.ROLE_USER, content=[part]),
+        )
+        return [item]
+    items = []
+    for given in request.input_items.items:
+        item = pb.Item()
+        item.CopyFrom(given)
+        if not item.id:
+            item.id = new_id(_PREFIX.get(item.WhichOneof("kind") or "message", "item"))
+        if not item.status:
+            item.status = pb.ItemStatus.ITEM_STATUS_COMPLETED
+        items.append(item)
+    return items
+
+
+def new_response(request: pb.CreateResponseRequest, model: str) -> pb.Response:
+    """A Response in progress, echoing the request's settings (as the Responses API does)."""
+    response = pb.Response(
+        id=response_id(),
+        model=model,
+        status=pb.ResponseStatus.RESPONSE_STATUS_IN_PROGRESS,
+        previous_response_id=request.previous_response_id,
+        instructions=request.instructions,
+        tools=request.tools,
+        parallel_tool_calls=request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True,
+        store=request.store if request.HasField("store") else True,
+        metadata=request.metadata,
+    )
+    response.created_at.FromNanoseconds(time.time_ns())
+    if request.HasField("tool_choice"):
+        response.tool_choice.CopyFrom(request.tool_choice)
+    if request.HasField("max_output_tokens"):
+        response.max_output_tokens = request.max_output_tokens
+    if request.HasField("temperature"):
+        response.temperature = request.temperature
+    if request.HasField("top_p"):
+        response.top_p = request.top_p
+    return response

@@ -1,0 +1,89 @@
+"""Responses running in this process, so CancelResponse (or a deadline) can stop them.
+
+Stopping is cooperative with one exception: while the loop awaits the model or its tools (an
+"interruptible" wait), the running task is cancelled outright so a slow backend or tool is
+abandoned at once. Anywhere else (while an event is being written to the client) only a flag is
+set, and the loop stops at its next check; this keeps a cancel from tearing a half-written
+message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+from antwort_grpc import pb
+
+
+class RunHandle:
+    __slots__ = ("_timer", "done", "interruptible", "reason", "response", "task")
+
+    def __init__(self, response: pb.Response, task: asyncio.Task[object] | None) -> None:
+        # The live Response being built (also for store=false responses, which are never saved).
+        self.response = response
+        self.task = task
+        self.done = asyncio.Event()
+        # "cancelled" or "deadline" once a stop was asked for.
+        self.reason = ""
+        self.interruptible = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def response_id(self) -> str:
+        return self.response.id
+
+    @property
+    def stop_requested(self) -> bool:
+        return bool(self.reason)
+
+    def stop(self, reason: str = "cancelled") -> None:
+        if self.reason:
+            return
+        self.reason = reason
+        if self.interruptible and self.task is not None:
+            self.task.cancel()
+
+    def set_deadline(self, when: float) -> None:
+        self._timer = asyncio.get_running_loop().call_at(when, self.stop, "deadline")
+
+    def clear(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Mark an await on the model or tools as one a stop may interrupt."""
+        self.interruptible = True
+        try:
+            yield
+        finally:
+            self.interruptible = False
+
+
+class RunRegistry:
+    def __init__(self) -> None:
+        self._runs: dict[str, RunHandle] = {}
+
+    def start(self, response: pb.Response) -> RunHandle:
+        handle = RunHandle(response, asyncio.current_task())
+        self._runs[response.id] = handle
+        return handle
+
+    def finish(self, handle: RunHandle) -> None:
+        handle.clear()
+        self._runs.pop(handle.response_id, None)
+        handle.done.set()
+
+    def get(self, response_id: str) -> RunHandle | None:
+        return self._runs.get(response_id)
+
+    def stop(self, response_id: str, reason: str = "cancelled") -> bool:
+        handle = self._runs.get(response_id)
+        if handle is None:
+            return False
+        handle.stop(reason)
+        return True
+
+    def running(self) -> list[str]:
+        return list(self._runs)

@@ -1,0 +1,82 @@
+"""Which tools a request offers the model, and which executor runs each of them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from antwort_grpc import pb
+from antwort_grpc.errors import FieldViolation, RequestError
+from antwort_grpc.executors.base import HostedToolSource, ToolExecutor
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    # The request's tool definition the name came from (a function, or a hosted tool).
+    tool: pb.Tool
+    # None: the client executes it.
+    executor: ToolExecutor | None
+
+
+@dataclass(slots=True)
+class ToolSet:
+    functions: list[pb.FunctionTool] = field(default_factory=list)
+    routes: dict[str, Route] = field(default_factory=dict)
+
+    @property
+    def server_side(self) -> frozenset[str]:
+        return frozenset(name for name, r in self.routes.items() if r.executor is not None)
+
+
+def is_server_side(executor: ToolExecutor) -> bool:
+    return bool(executor.kind != pb.ToolKind.TOOL_KIND_FUNCTION)
+
+
+async def resolve_tools(tools: Sequence[pb.Tool], executors: Sequence[ToolExecutor]) -> ToolSet:
+    """Route every tool of a request: a function runs on the first server-side executor that
+    claims it, else on the client; a hosted tool (MCP server, code interpreter) expands into the
+    functions its executor offers. Only tools the request names are ever offered."""
+    result = ToolSet()
+    servers = [e for e in executors if is_server_side(e)]
+    for position, tool in enumerate(tools):
+        kind = tool.WhichOneof("kind")
+        if kind == "function":
+            owner = None
+            for executor in servers:
+                if await executor.can_execute(tool):
+                    owner = executor
+                    break
+            result.routes[tool.function.name] = Route(tool, owner)
+            result.functions.append(tool.function)
+            continue
+        source = None
+        for executor in servers:
+            if isinstance(executor, HostedToolSource) and await executor.can_execute(tool):
+                source = executor
+                break
+        if source is None:
+            raise RequestError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"no tool executor serves {_describe(tool)}",
+                [FieldViolation(f"tools[{position}]", f"no tool executor serves {_describe(tool)}")],
+                "tool_unavailable",
+            )
+        for function in await source.functions_for(tool):
+            if function.name in result.routes:
+                raise RequestError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"tool name {function.name!r} is offered twice",
+                    [FieldViolation(f"tools[{position}]", f"tool name {function.name!r} is offered twice")],
+                    "invalid_request",
+                )
+            result.routes[function.name] = Route(tool, source)
+            result.functions.append(function)
+    return result
+
+
+def _describe(tool: pb.Tool) -> str:
+    if tool.WhichOneof("kind") == "mcp":
+        return f"MCP server {tool.mcp.server_label!r}"
+    return str(tool.WhichOneof("kind"))

@@ -1,0 +1,39 @@
+"""Errors that end a request before its first event, each with the gRPC status it maps to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+
+@dataclass(frozen=True, slots=True)
+class FieldViolation:
+    field: str
+    description: str
+
+
+class RequestError(Exception):
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        violations: list[FieldViolation] | None = None,
+        reason: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.violations = violations or []
+        # Machine-readable, for google.rpc.ErrorInfo.
+        self.reason = reason
+
+
+def invalid_argument(violations: list[FieldViolation]) -> RequestError:
+    summary = "; ".join(f"{v.field}: {v.description}" for v in violations)
+    return RequestError(grpc.StatusCode.INVALID_ARGUMENT, summary, violations, "invalid_request")
+
+
+def not_found(what: str, ident: str, field: str = "") -> RequestError:
+    violations = [FieldViolation(field, f"{what} {ident!r} not found")] if field else []
+    return RequestError(grpc.StatusCode.NOT_FOUND, f"{what} {ident!r} not found", violations, "not_found")

@@ -1,0 +1,197 @@
+"""A provider that plays back a script: a list of turns, each a list of outputs.
+
+Used by the tests and by `antwort-grpc serve --script FILE`. A turn can also be a function of the
+TurnRequest, so a test can answer from what the model was sent (for example echo a tool result).
+Every TurnRequest received is kept in `requests` for assertions.
+
+File format (JSON):
+    {"turns": [[{"text": "Let me check."}, {"tool_call": {"name": "f", "arguments": {"x": 1}}}],
+               [{"text": "Done."}]],
+     "repeat": false, "chunk_delay": 0.0}
+A turn may also be an object {"outputs": [...], "finish": "length", "error": {"code": "...",
+"message": "..."}, "usage": {"input_tokens": 1, "output_tokens": 2}}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from antwort_grpc import pb
+from antwort_grpc.ids import new_id
+from antwort_grpc.providers.base import (
+    Completion,
+    FinishReason,
+    ProviderError,
+    ProviderEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    TurnEnd,
+    TurnRequest,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Text:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    name: str
+    arguments: str = "{}"
+    call_id: str = ""
+
+    @staticmethod
+    def of(name: str, arguments: dict[str, Any] | str | None = None, call_id: str = "") -> Call:
+        args = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
+        return Call(name, args, call_id)
+
+
+Output = Text | Reasoning | Call
+
+
+@dataclass(slots=True)
+class Turn:
+    outputs: Sequence[Output] = ()
+    finish: FinishReason | None = None
+    usage: pb.Usage | None = None
+    # Raised instead of answering; with `error_after` > 0, after that many deltas.
+    error: ProviderError | None = None
+    error_after: int = 0
+    # Seconds to wait before each delta (to hold a stream open, or race a cancel).
+    delay: float = 0.0
+
+
+TurnSource = Turn | Sequence[Output] | Callable[[TurnRequest], "Turn | Sequence[Output]"]
+
+DEFAULT_USAGE = (10, 5)
+
+
+@dataclass
+class ScriptedProvider:
+    turns: list[TurnSource]
+    repeat: bool = False
+    chunk_delay: float = 0.0
+    requests: list[TurnRequest] = field(default_factory=list)
+    _next: int = 0
+
+    @classmethod
+    def from_file(cls, path: Path | str) -> ScriptedProvider:
+        data = json.loads(Path(path).read_text())
+        turns: list[TurnSource] = [_turn_from_json(t) for t in data["turns"]]
+        return cls(turns, repeat=bool(data.get("repeat", False)), chunk_delay=float(data.get("chunk_delay", 0.0)))
+
+    def _take(self, request: TurnRequest) -> Turn:
+        self.requests.append(request)
+        if self._next >= len(self.turns):
+            if not self.repeat or not self.turns:
+                raise ProviderError("script_exhausted", f"the script has only {len(self.turns)} turns")
+            self._next = 0
+        source = self.turns[self._next]
+        self._next += 1
+        if callable(source):
+            source = source(request)
+        return source if isinstance(source, Turn) else Turn(list(source))
+
+    async def stream(self, turn: TurnRequest) -> AsyncIterator[ProviderEvent]:
+        script = self._take(turn)
+        delay = script.delay or self.chunk_delay
+        for emitted, event in enumerate(_deltas(script.outputs)):
+            if script.error is not None and emitted >= script.error_after:
+                raise script.error
+            if delay:
+                await asyncio.sleep(delay)
+            yield event
+        if script.error is not None:
+            raise script.error
+        yield TurnEnd(_finish(script), _usage(script))
+
+    async def complete(self, turn: TurnRequest) -> Completion:
+        script = self._take(turn)
+        if script.delay or self.chunk_delay:
+            await asyncio.sleep(script.delay or self.chunk_delay)
+        if script.error is not None:
+            raise script.error
+        items: list[pb.Item] = []
+        for out in script.outputs:
+            if isinstance(out, Text):
+                part = pb.ContentPart(output_text=pb.OutputText(text=out.text))
+                items.append(pb.Item(message=pb.Message(role=pb.Role.ROLE_ASSISTANT, content=[part])))
+            elif isinstance(out, Reasoning):
+                items.append(pb.Item(reasoning=pb.Reasoning(text=out.text)))
+            else:
+                call = pb.FunctionCall(call_id=out.call_id or new_id("call"), name=out.name, arguments=out.arguments)
+                items.append(pb.Item(function_call=call))
+        return Completion(items, _finish(script), _usage(script))
+
+
+def _deltas(outputs: Sequence[Output]) -> list[ProviderEvent]:
+    """Text in word-sized fragments; a call as id+name first, then its arguments in two halves."""
+    events: list[ProviderEvent] = []
+    call_index = 0
+    for out in outputs:
+        if isinstance(out, Text):
+            words = out.text.split(" ")
+            events += [TextDelta(w if i == 0 else " " + w) for i, w in enumerate(words)]
+        elif isinstance(out, Reasoning):
+            events.append(ReasoningDelta(out.text))
+        else:
+            half = len(out.arguments) // 2
+            events.append(ToolCallDelta(call_index, out.arguments[:half], out.call_id or new_id("call"), out.name))
+            events.append(ToolCallDelta(call_index, out.arguments[half:]))
+            call_index += 1
+    return events
+
+
+def _finish(turn: Turn) -> FinishReason:
+    if turn.finish is not None:
+        return turn.finish
+    return FinishReason.TOOL_CALLS if any(isinstance(o, Call) for o in turn.outputs) else FinishReason.STOP
+
+
+def _usage(turn: Turn) -> pb.Usage:
+    if turn.usage is not None:
+        return turn.usage
+    i, o = DEFAULT_USAGE
+    return pb.Usage(input_tokens=i, output_tokens=o, total_tokens=i + o)
+
+
+def _turn_from_json(data: Any) -> Turn:
+    if isinstance(data, list):
+        data = {"outputs": data}
+    outputs: list[Output] = []
+    for out in data.get("outputs", []):
+        if "text" in out:
+            outputs.append(Text(out["text"]))
+        elif "reasoning" in out:
+            outputs.append(Reasoning(out["reasoning"]))
+        else:
+            call = out["tool_call"]
+            outputs.append(Call.of(call["name"], call.get("arguments"), call.get("call_id", "")))
+    error = data.get("error")
+    usage = data.get("usage")
+    return Turn(
+        outputs,
+        finish=FinishReason(data["finish"]) if "finish" in data else None,
+        usage=pb.Usage(
+            input_tokens=usage.get("input_tokens", 0),
+            output_tokens=usage.get("output_tokens", 0),
+            total_tokens=usage.get("input_tokens", 0) + usage.get("output_tokens", 0),
+        )
+        if usage
+        else None,
+        error=ProviderError(error["code"], error["message"]) if error else None,
+        error_after=int(data.get("error_after", 0)),
+        delay=float(data.get("delay", 0.0)),
+    )

@@ -1,0 +1,1 @@
+"""gRPC wiring: the ResponsesService servicer, request validation, the server process."""

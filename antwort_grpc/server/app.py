@@ -1,0 +1,104 @@
+"""The gateway process: a grpc.aio server with the ResponsesService, health and reflection."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from antwort_grpc import pb
+from antwort_grpc.config import GatewaySettings
+from antwort_grpc.engine import Engine, EngineConfig
+from antwort_grpc.executors.base import ToolExecutor
+from antwort_grpc.providers.base import Provider
+from antwort_grpc.server.servicer import ResponsesServicer
+from antwort_grpc.storage.base import ResponseStore
+
+log = logging.getLogger(__name__)
+
+RESPONSES_SERVICE = "antwort.v1.ResponsesService"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+@dataclass
+class Gateway:
+    server: grpc.aio.Server
+    port: int
+    host: str
+    engine: Engine
+    store: ResponseStore
+    health: HealthServicer
+
+    @property
+    def target(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def stop(self, grace: float | None = 5.0) -> None:
+        """Health goes NOT_SERVING and new calls are refused at once; in-flight calls get `grace`
+        seconds, then are cancelled (and stored as cancelled)."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+def _host_of(listen: str) -> str:
+    host = listen.rsplit(":", 1)[0]
+    return "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
+
+
+async def start_gateway(
+    settings: GatewaySettings,
+    *,
+    provider: Provider,
+    store: ResponseStore,
+    executors: Sequence[ToolExecutor],
+) -> Gateway:
+    engine = Engine(
+        provider,
+        store,
+        EngineConfig(
+            executors=list(executors),
+            max_turns=settings.max_turns,
+            default_model=settings.model,
+            history_max_depth=settings.history_max_depth,
+        ),
+    )
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", 32 * 1024 * 1024),
+            ("grpc.max_send_message_length", 32 * 1024 * 1024),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    pb.add_ResponsesServiceServicer_to_server(ResponsesServicer(engine, store), server)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        [RESPONSES_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+        server,
+    )
+    port = server.add_insecure_port(settings.listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {settings.listen}")
+    await server.start()
+    await health.set("", SERVING)
+    await health.set(RESPONSES_SERVICE, SERVING)
+    log.info("antwort-grpc listening on %s", settings.listen.rsplit(":", 1)[0] + f":{port}")
+    return Gateway(server, port, _host_of(settings.listen), engine, store, health)
+
+
+async def serve_until_signalled(gateway: Gateway, grace: float) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: %d responses in flight, %.0fs grace", len(gateway.engine.runs.running()), grace)
+    await gateway.stop(grace)

@@ -1,0 +1,173 @@
+"""A real gateway on a loopback port for the tests, and the stream validator every streaming test
+applies."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from antwort_grpc import pb
+from antwort_grpc.config import GatewaySettings
+from antwort_grpc.executors.base import FunctionExecutor, ToolExecutor
+from antwort_grpc.providers.base import Provider
+from antwort_grpc.server.app import Gateway, start_gateway
+from antwort_grpc.storage.base import ResponseStore
+from antwort_grpc.storage.memory import MemoryStore
+
+TERMINAL = {"completed", "incomplete", "failed", "cancelled", "requires_action"}
+S = pb.ResponseStatus
+
+
+@dataclass
+class GatewayClient:
+    gateway: Gateway
+    channel: grpc.aio.Channel
+    stub: Any  # pb.ResponsesServiceStub (grpc stubs are untyped)
+
+    @property
+    def target(self) -> str:
+        return self.gateway.target
+
+    @property
+    def store(self) -> ResponseStore:
+        return self.gateway.store
+
+    async def stream(self, request: pb.CreateResponseRequest, timeout: float | None = None) -> list[pb.StreamEvent]:
+        """Stream a response; the events are checked by the stream validator."""
+        request.stream = True
+        events = await collect(self.stub.CreateResponse(request, timeout=timeout))
+        assert_valid_stream(events)
+        return events
+
+    async def create(self, request: pb.CreateResponseRequest, timeout: float | None = None) -> pb.Response:
+        """Non-streaming: exactly one message, the terminal event with the whole Response."""
+        request.stream = False
+        events = await collect(self.stub.CreateResponse(request, timeout=timeout))
+        assert len(events) == 1, f"non-streaming mode sent {len(events)} messages"
+        assert events[0].WhichOneof("event") in TERMINAL
+        return response_of(events[0])
+
+
+@asynccontextmanager
+async def running_gateway(
+    *,
+    provider: Provider,
+    executors: Sequence[ToolExecutor] = (FunctionExecutor(),),
+    store: ResponseStore | None = None,
+    max_turns: int = 10,
+    model: str = "test-model",
+) -> AsyncIterator[GatewayClient]:
+    settings = GatewaySettings(listen="127.0.0.1:0", max_turns=max_turns, model=model)
+    gateway = await start_gateway(settings, provider=provider, store=store or MemoryStore(), executors=executors)
+    channel = grpc.aio.insecure_channel(gateway.target)
+    try:
+        yield GatewayClient(gateway, channel, pb.ResponsesServiceStub(channel))
+    finally:
+        await channel.close()
+        await gateway.stop(0)
+
+
+async def collect(call: Any) -> list[pb.StreamEvent]:
+    return [message.event async for message in call]
+
+
+def kind(event: pb.StreamEvent) -> str:
+    return event.WhichOneof("event") or ""
+
+
+def kinds(events: Sequence[pb.StreamEvent]) -> list[str]:
+    return [kind(e) for e in events]
+
+
+def response_of(event: pb.StreamEvent) -> pb.Response:
+    payload = getattr(event, kind(event))
+    response: pb.Response = payload.response
+    return response
+
+
+def final(events: Sequence[pb.StreamEvent]) -> pb.Response:
+    return response_of(events[-1])
+
+
+def user(text: str) -> pb.CreateResponseRequest:
+    return pb.CreateResponseRequest(input_text=text)
+
+
+def function_tool(name: str, **properties: str) -> pb.Tool:
+    tool = pb.Tool(function=pb.FunctionTool(name=name, description=f"the {name} tool"))
+    tool.function.parameters.update(
+        {"type": "object", "properties": {p: {"type": t} for p, t in properties.items()}}
+    )
+    return tool
+
+
+def output_kinds(response: pb.Response) -> list[str]:
+    return [item.WhichOneof("kind") or "" for item in response.output]
+
+
+def output_text(response: pb.Response) -> str:
+    return "".join(
+        part.output_text.text
+        for item in response.output
+        if item.WhichOneof("kind") == "message"
+        for part in item.message.content
+        if part.WhichOneof("part") == "output_text"
+    )
+
+
+_ITEM_DELTAS = {
+    "content_part_added",
+    "content_part_done",
+    "output_text_delta",
+    "output_text_done",
+    "refusal_delta",
+    "refusal_done",
+    "function_call_arguments_delta",
+    "function_call_arguments_done",
+    "reasoning_text_delta",
+    "reasoning_text_done",
+}
+
+
+def assert_valid_stream(events: Sequence[pb.StreamEvent]) -> None:
+    """The stream contract: sequence numbers 1, 2, 3, …; created first and in_progress once;
+    exactly one terminal event and it is last; every item added is done; deltas of an item only
+    between its added and done; the terminal response holds exactly the items that were done."""
+    assert events, "empty stream"
+    numbers = [e.sequence_number for e in events]
+    assert numbers == list(range(1, len(events) + 1)), f"sequence numbers {numbers}"
+    names = kinds(events)
+    assert names[0] == "created", names
+    assert names.count("created") == 1 and names.count("in_progress") == 1, names
+    assert names[1] == "in_progress", names
+    terminals = [n for n in names if n in TERMINAL]
+    assert len(terminals) == 1 and names[-1] in TERMINAL, f"terminal events: {terminals} (last: {names[-1]})"
+    open_items: dict[int, str] = {}
+    done_items: dict[int, pb.Item] = {}
+    for event in events:
+        name = kind(event)
+        payload = getattr(event, name)
+        if name == "output_item_added":
+            index = payload.output_index
+            assert index not in open_items and index not in done_items, f"item {index} added twice"
+            assert index == len(open_items) + len(done_items), f"output_index {index} out of order"
+            open_items[index] = payload.item.id
+        elif name == "output_item_done":
+            index = payload.output_index
+            assert open_items.get(index) == payload.item.id, f"item {index} done without being added"
+            del open_items[index]
+            done_items[index] = payload.item
+        elif name in _ITEM_DELTAS:
+            index = payload.output_index
+            assert open_items.get(index) == payload.item_id, f"{name} for item {index} outside added..done"
+        elif name.startswith("tool_execution"):
+            assert payload.output_index in done_items, f"{name} for an item that is not done"
+    assert not open_items, f"items added but never done: {sorted(open_items)}"
+    response = final(events)
+    assert len(response.output) == len(done_items), "the terminal response does not hold every item"
+    for index, item in done_items.items():
+        assert response.output[index].id == item.id
