@@ -1,0 +1,78 @@
+"""What an HTTP failure of the backend means for the caller, and how long to wait before a retry
+(pure; no I/O)."""
+
+from __future__ import annotations
+
+import email.utils
+import random
+import time
+from collections.abc import Mapping
+
+from pydantic import ValidationError
+
+from antwort_grpc.providers.base import ProviderError
+from antwort_grpc.providers.openai.wire import ErrorEnvelope
+
+# Statuses worth another try: the backend is overloaded, restarting or behind a flaky proxy.
+RETRY_STATUSES = frozenset({408, 500, 502, 503, 504})
+
+
+def backend_message(body: bytes) -> str:
+    """The human part of an error body, whatever shape the backend gave it."""
+    try:
+        envelope = ErrorEnvelope.model_validate_json(body)
+    except ValidationError:
+        return body[:300].decode("utf-8", "replace").strip()
+    error = envelope.error
+    if error is not None and not isinstance(error, str):
+        return error.message
+    return error or envelope.detail or envelope.message or ""
+
+
+def status_error(status: int, body: bytes, *, model: str, url: str) -> ProviderError:
+    """The error for a non-2xx answer. `retryable` says whether another try may help."""
+    detail = backend_message(body) or f"HTTP {status}"
+    if status in (401, 403):
+        return ProviderError(
+            "backend_auth",
+            f"the model backend at {url} rejected the gateway's credentials (HTTP {status}: {detail}); "
+            "check ANTWORT_BACKEND_API_KEY or ANTWORT_BACKEND_API_KEY_FILE",
+        )
+    if status == 404:
+        return ProviderError("model_not_found", f"the model backend at {url} does not serve model {model!r} ({detail})")
+    if status == 429:
+        return ProviderError("rate_limited", f"the model backend is rate limiting: {detail}", retryable=True)
+    if status in RETRY_STATUSES:
+        return ProviderError(
+            "backend_unavailable", f"the model backend answered HTTP {status}: {detail}", retryable=True
+        )
+    if status >= 500:
+        return ProviderError("backend_unavailable", f"the model backend answered HTTP {status}: {detail}")
+    return ProviderError("invalid_request", f"the model backend refused the request (HTTP {status}): {detail}")
+
+
+def retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """Seconds the backend asked us to wait: retry-after-ms (OpenAI), Retry-After as seconds
+    or as an HTTP date."""
+    if (millis := headers.get("retry-after-ms")) is not None:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def backoff(attempt: int, *, base: float, cap: float) -> float:
+    """Full-jitter exponential backoff: many gateways retrying at once spread out."""
+    return random.uniform(0, min(cap, base * 2**attempt))

@@ -1,0 +1,227 @@
+"""The provider for OpenAI-compatible /v1/chat/completions backends (vLLM, Ollama, LiteLLM,
+llama.cpp's server, OpenAI), on aiohttp with a pool of keep-alive connections.
+
+aiohttp was chosen by measurement: about a fifth of httpx's client CPU per request (see
+scripts/measure_http_clients.py and docs/providers.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import aiohttp
+from pydantic import ValidationError
+
+from antwort_grpc.providers.base import Completion, ProviderError, ProviderEvent, ProviderHealth, TurnRequest
+from antwort_grpc.providers.openai.config import BackendConfig
+from antwort_grpc.providers.openai.errors import backoff, retry_after, status_error
+from antwort_grpc.providers.openai.request import build_body
+from antwort_grpc.providers.openai.sse import SseParser
+from antwort_grpc.providers.openai.translate import StreamTranslator, completion
+from antwort_grpc.providers.openai.wire import ChatCompletion, ChatCompletionChunk
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_DONE = b"[DONE]"
+_USER_AGENT = "antwort-grpc"
+
+
+class _Retry(ProviderError):
+    """A failure another attempt may cure; `after` is the wait the backend asked for."""
+
+    def __init__(self, code: str, message: str, after: float | None = None) -> None:
+        super().__init__(code, message, retryable=True)
+        self.after = after
+
+
+class OpenAICompatProvider:
+    """Provider for one OpenAI-compatible backend. Create it anywhere; the HTTP session is
+    opened on first use in the running loop. Call `aclose()` at shutdown."""
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.config = config
+        headers = {"User-Agent": _USER_AGENT, "Content-Type": "application/json", **config.headers}
+        if config.api_key:
+            headers["Authorization"] = f"Bearer {config.api_key}"
+        self._headers = headers
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
+        )
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
+            connector = aiohttp.TCPConnector(limit=self.config.max_connections, ttl_dns_cache=60)
+            self._session = aiohttp.ClientSession(
+                connector=connector, headers=self._headers, timeout=self._timeout, trust_env=False
+            )
+            self._loop = loop
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+    async def stream(self, turn: TurnRequest) -> AsyncIterator[ProviderEvent]:
+        model = turn.model or self.config.model
+        body = json.dumps(build_body(turn, stream=True, model=model)).encode()
+        attempt = 0
+        while True:
+            started = False
+            try:
+                async for event in self._stream_once(body, model):
+                    started = True
+                    yield event
+                return
+            except _Retry as error:
+                # Once a token went out, a retry would repeat it: the caller gets the error
+                # and keeps what it has.
+                if started:
+                    raise ProviderError(error.code, error.message) from None
+                await self._before_retry(error, attempt)
+                attempt += 1
+
+    async def complete(self, turn: TurnRequest) -> Completion:
+        model = turn.model or self.config.model
+        body = json.dumps(build_body(turn, stream=False, model=model)).encode()
+        return await self._with_retries(lambda: self._complete_once(body, model))
+
+    async def check_health(self) -> ProviderHealth:
+        """Cheap reachability probe (GET /models) for the gateway's health service."""
+        timeout = aiohttp.ClientTimeout(total=max(1.0, self.config.connect_timeout))
+        try:
+            async with self._client().get(self.config.models_url, timeout=timeout) as response:
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError) as error:
+            return ProviderHealth(False, f"model backend {self.config.base_url} unreachable: {error!r}")
+        if status in (401, 403):
+            return ProviderHealth(False, f"model backend {self.config.base_url} rejects our credentials")
+        if status >= 500:
+            return ProviderHealth(False, f"model backend {self.config.base_url} answers HTTP {status}")
+        # 404 is fine: some backends have no /models route, but they are up.
+        return ProviderHealth(True, f"model backend {self.config.base_url} reachable")
+
+    async def _with_retries(self, call: Callable[[], Awaitable[T]]) -> T:
+        attempt = 0
+        while True:
+            try:
+                return await call()
+            except _Retry as error:
+                await self._before_retry(error, attempt)
+                attempt += 1
+
+    async def _before_retry(self, error: _Retry, attempt: int) -> None:
+        """Sleeps before the next attempt, or raises the final error when the bound is reached."""
+        config = self.config
+        if attempt >= config.max_retries:
+            raise ProviderError(error.code, f"{error.message} (gave up after {attempt + 1} attempts)") from None
+        if error.after is not None:
+            if error.after > config.max_retry_after:
+                raise ProviderError(
+                    error.code, f"{error.message} (the backend asks to retry in {error.after:.0f} s)"
+                ) from None
+            delay = error.after
+        else:
+            delay = backoff(attempt, base=config.backoff_base, cap=config.backoff_cap)
+        log.info("model backend attempt %d failed (%s); retrying in %.2f s", attempt + 1, error.message, delay)
+        await asyncio.sleep(delay)
+
+    async def _post(self, body: bytes, model: str) -> aiohttp.ClientResponse:
+        """POSTs and returns a 2xx response with its body unread; raises for everything else."""
+        url = self.config.chat_url
+        try:
+            response = await self._client().post(url, data=body)
+        except aiohttp.ClientConnectorError as error:
+            raise _Retry("backend_unavailable", f"cannot connect to the model backend at {url}: {error}") from None
+        except TimeoutError:
+            raise _Retry("backend_unavailable", f"the model backend at {url} did not answer in time") from None
+        except aiohttp.ClientError as error:
+            raise _Retry("backend_unavailable", f"the model backend at {url} failed: {error!r}") from None
+        if response.status < 300:
+            return response
+        try:
+            content = await response.read()
+        except (aiohttp.ClientError, TimeoutError):
+            content = b""
+        finally:
+            response.release()
+        failure = status_error(response.status, content, model=model, url=url)
+        if failure.retryable:
+            raise _Retry(failure.code, failure.message, retry_after(response.headers))
+        raise failure
+
+    async def _complete_once(self, body: bytes, model: str) -> Completion:
+        response = await self._post(body, model)
+        try:
+            content = await response.read()
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise _Retry("backend_unavailable", f"the model backend broke off its answer: {error!r}") from None
+        finally:
+            response.release()
+        try:
+            return completion(ChatCompletion.model_validate_json(content))
+        except ValidationError as error:
+            raise _protocol_error(content, error) from None
+
+    async def _stream_once(self, body: bytes, model: str) -> AsyncIterator[ProviderEvent]:
+        response = await self._post(body, model)
+        translator = StreamTranslator()
+        parser = SseParser()
+        clean = False
+        try:
+            try:
+                async for block in response.content.iter_any():
+                    for data in parser.feed(block):
+                        if data == _DONE:
+                            clean = True
+                            break
+                        for event in translator.feed(_parse_chunk(data)):
+                            yield event
+                    if clean:
+                        break
+                else:
+                    for data in parser.finish():
+                        if data != _DONE:
+                            for event in translator.feed(_parse_chunk(data)):
+                                yield event
+            except aiohttp.ClientPayloadError as error:
+                raise _Retry("backend_unavailable", f"the model backend broke off its answer: {error}") from None
+            except TimeoutError:
+                raise _Retry(
+                    "backend_unavailable",
+                    f"the model backend sent nothing for {self.config.read_timeout:g} s",
+                ) from None
+            except aiohttp.ClientError as error:
+                raise _Retry("backend_unavailable", f"the model backend failed mid-answer: {error!r}") from None
+            if not clean and not translator.finished:
+                raise ProviderError("backend_protocol_error", "the model backend ended its stream mid-answer")
+            clean = True
+            yield translator.end()
+        finally:
+            # An unfinished answer (error, cancellation, caller gone) must not go back to the
+            # pool: closing the connection is how the backend learns to stop generating.
+            if clean:
+                response.release()
+            else:
+                response.close()
+
+
+def _parse_chunk(data: bytes) -> ChatCompletionChunk:
+    try:
+        return ChatCompletionChunk.model_validate_json(data)
+    except ValidationError as error:
+        raise _protocol_error(data, error) from None
+
+
+def _protocol_error(data: bytes, error: ValidationError) -> ProviderError:
+    sample = data[:120].decode("utf-8", "replace")
+    reason = error.errors()[0]["msg"] if error.errors() else str(error)
+    return ProviderError("backend_protocol_error", f"the model backend sent malformed data ({reason}): {sample!r}")

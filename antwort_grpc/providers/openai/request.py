@@ -1,0 +1,129 @@
+"""TurnRequest -> the JSON body of POST /v1/chat/completions (pure; no I/O)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from antwort_grpc import pb
+from antwort_grpc.providers.base import TurnRequest
+
+ChatMessage = dict[str, Any]
+
+# "developer" is OpenAI's newer name for "system"; self-hosted backends only know "system".
+_ROLES = {
+    pb.Role.ROLE_USER: "user",
+    pb.Role.ROLE_SYSTEM: "system",
+    pb.Role.ROLE_DEVELOPER: "system",
+    pb.Role.ROLE_ASSISTANT: "assistant",
+    pb.Role.ROLE_UNSPECIFIED: "user",
+}
+_DETAIL = {pb.ImageDetail.IMAGE_DETAIL_LOW: "low", pb.ImageDetail.IMAGE_DETAIL_HIGH: "high"}
+_MODES = {
+    pb.ToolChoiceMode.TOOL_CHOICE_MODE_AUTO: "auto",
+    pb.ToolChoiceMode.TOOL_CHOICE_MODE_REQUIRED: "required",
+    pb.ToolChoiceMode.TOOL_CHOICE_MODE_NONE: "none",
+    pb.ToolChoiceMode.TOOL_CHOICE_MODE_UNSPECIFIED: "auto",
+}
+_EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+def build_body(turn: TurnRequest, *, stream: bool, model: str | None = None) -> dict[str, Any]:
+    messages = build_messages(turn.instructions, turn.items)
+    body: dict[str, Any] = {"model": model or turn.model, "messages": messages}
+    if turn.tools:
+        body["tools"] = [function_tool(tool) for tool in turn.tools]
+        if turn.tool_choice is not None:
+            body["tool_choice"] = tool_choice(turn.tool_choice)
+        # Backends (OpenAI among them) reject parallel_tool_calls without tools.
+        body["parallel_tool_calls"] = turn.parallel_tool_calls
+    if turn.max_output_tokens is not None:
+        # max_tokens, not max_completion_tokens: every self-hosted backend understands it.
+        body["max_tokens"] = turn.max_output_tokens
+    if turn.temperature is not None:
+        body["temperature"] = turn.temperature
+    if turn.top_p is not None:
+        body["top_p"] = turn.top_p
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def build_messages(instructions: str, items: Iterable[pb.Item]) -> list[ChatMessage]:
+    messages: list[ChatMessage] = []
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
+    for item in items:
+        kind = item.WhichOneof("kind")
+        if kind == "message":
+            messages.append(_message(item.message))
+        elif kind == "function_call":
+            _append_tool_call(messages, item.function_call)
+        elif kind == "function_call_output":
+            output = item.function_call_output
+            messages.append({"role": "tool", "tool_call_id": output.call_id, "content": output.output})
+        # Reasoning items stay out: backends neither accept nor need their own reasoning back.
+    return messages
+
+
+def _message(message: pb.Message) -> ChatMessage:
+    role = _ROLES.get(message.role, "user")
+    parts = [converted for part in message.content if (converted := _part(part)) is not None]
+    if all(part["type"] == "text" for part in parts):
+        # Plain string content is what every backend accepts (several reject part lists for
+        # system and assistant messages).
+        return {"role": role, "content": "".join(part["text"] for part in parts)}
+    return {"role": role, "content": parts}
+
+
+def _part(part: pb.ContentPart) -> dict[str, Any] | None:
+    kind = part.WhichOneof("part")
+    if kind == "input_text":
+        return {"type": "text", "text": part.input_text.text}
+    if kind == "output_text":
+        return {"type": "text", "text": part.output_text.text}
+    if kind == "refusal":
+        return {"type": "text", "text": part.refusal.refusal}
+    if kind == "input_image":
+        image: dict[str, Any] = {"url": part.input_image.image_url}
+        if detail := _DETAIL.get(part.input_image.detail):
+            image["detail"] = detail
+        return {"type": "image_url", "image_url": image}
+    return None
+
+
+def _append_tool_call(messages: list[ChatMessage], call: pb.FunctionCall) -> None:
+    entry = {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    last = messages[-1] if messages else None
+    # Calls of one turn (and the text before them) are one assistant message on the wire.
+    if last is not None and last["role"] == "assistant":
+        last.setdefault("tool_calls", []).append(entry)
+        if last.get("content") == "":
+            last["content"] = None
+        return
+    messages.append({"role": "assistant", "content": None, "tool_calls": [entry]})
+
+
+def function_tool(tool: pb.FunctionTool) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name}
+    if tool.description:
+        function["description"] = tool.description
+    function["parameters"] = MessageToDict(tool.parameters) if tool.HasField("parameters") else _EMPTY_SCHEMA
+    if tool.strict:
+        function["strict"] = True
+    return {"type": "function", "function": function}
+
+
+def tool_choice(choice: pb.ToolChoice) -> str | dict[str, Any]:
+    kind = choice.WhichOneof("choice")
+    if kind == "function":
+        return {"type": "function", "function": {"name": choice.function.name}}
+    if kind == "allowed_tools":
+        # The model sees every tool; the engine enforces the allowed list on the calls.
+        return _MODES.get(choice.allowed_tools.mode, "auto")
+    if kind == "mode":
+        return _MODES.get(choice.mode, "auto")
+    return "auto"

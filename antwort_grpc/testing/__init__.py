@@ -1,0 +1,1 @@
+"""Test doubles that speak real wire protocols (used by the tests, the demo and the benchmarks)."""

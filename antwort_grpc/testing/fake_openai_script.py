@@ -1,0 +1,83 @@
+"""The script of the fake OpenAI-compatible backend: what it answers to each request, in order."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ScriptedToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    arguments: str = "{}"
+    # Default: "call_<n>" with n counted over the whole backend.
+    id: str | None = None
+    # The arguments arrive in this many fragments, as real backends stream them.
+    fragments: int = 2
+
+
+class Reply(BaseModel):
+    """One answer of the fake backend. Fields combine: reasoning, then text, then tool calls."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Text: a string is split into word-sized deltas; a list gives the deltas exactly.
+    text: str | list[str] = ""
+    reasoning: str | list[str] = ""
+    refusal: str = ""
+    tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
+    # Default: "tool_calls" when there are tool calls, else "stop".
+    finish_reason: str | None = None
+    prompt_tokens: int = 7
+    # Default: the number of text/reasoning deltas plus tool-call fragments.
+    completion_tokens: int | None = None
+    # Errors: a status other than 200 answers with an OpenAI-style error body.
+    status: int = 200
+    error_message: str = ""
+    error_code: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    # Timing: before the response headers, and between streamed events.
+    first_delay: float = 0.0
+    delay: float = 0.0
+    # Faults: abort the connection after this many data events; send garbage as event n.
+    cut_after: int | None = None
+    malformed_at: int | None = None
+    # The stream's exact data payloads (chunk-format fixtures); "[DONE]" is not added.
+    raw: list[str] | None = None
+    # Send the role-only first chunk (vLLM, llama.cpp and OpenAI do).
+    role_chunk: bool = True
+    send_done: bool = True
+    # Answer this many consecutive requests with this reply (e.g. 503 three times).
+    times: int = 1
+
+
+class Script(BaseModel):
+    """The file format of `python -m antwort_grpc.testing.fake_openai --script FILE`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    replies: list[Reply] = Field(default_factory=list)
+    # Start over when the replies are used up (benchmarks); else answer 500 "script exhausted".
+    loop: bool = False
+    # When set, other model names get a 404 model_not_found.
+    models: list[str] | None = None
+    # When set, requests without "Authorization: Bearer <api_key>" get a 401.
+    api_key: str | None = None
+
+
+_WORDS = re.compile(r"\S+\s*|\s+")
+
+
+def split_words(text: str | list[str]) -> list[str]:
+    if isinstance(text, list):
+        return text
+    return _WORDS.findall(text)
+
+
+def split_fragments(arguments: str, fragments: int) -> list[str]:
+    if fragments <= 1 or len(arguments) <= 1:
+        return [arguments]
+    size = -(-len(arguments) // fragments)
+    return [arguments[i : i + size] for i in range(0, len(arguments), size)]
