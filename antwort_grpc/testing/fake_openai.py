@@ -61,6 +61,7 @@ class FakeOpenAI:
         self._next = 0
         self._calls = 0
         self._disconnected = asyncio.Event()
+        self._received = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self._bound_port = 0
         self._expand()
@@ -88,6 +89,13 @@ class FakeOpenAI:
     @property
     def chat_requests(self) -> list[dict[str, Any]]:
         return [r.body for r in self.requests if r.path.endswith("/chat/completions")]
+
+    async def wait_for_requests(self, count: int = 1, timeout: float = 5.0) -> None:
+        """Returns once `count` requests have arrived (raises TimeoutError otherwise)."""
+        async with asyncio.timeout(timeout):
+            while len(self.requests) < count:
+                self._received.clear()
+                await self._received.wait()
 
     async def wait_for_disconnect(self, timeout: float = 5.0) -> None:
         """Returns once a client has gone away mid-answer (raises TimeoutError otherwise)."""
@@ -152,6 +160,7 @@ class FakeOpenAI:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(ReceivedRequest(request.path, dict(request.headers), body))
+        self._received.set()
         if (denied := self._check_auth(request)) is not None:
             return denied
         model = str(body.get("model", ""))
@@ -168,6 +177,8 @@ class FakeOpenAI:
                 message = reply.error_message or f"fake backend error {reply.status}"
                 return _error(reply.status, message, reply.error_code, headers=reply.headers)
             if not body.get("stream"):
+                if reply.malformed_at is not None:
+                    return web.Response(text="{not json", content_type="application/json")
                 return web.json_response(self._completion(reply, model), headers=reply.headers)
             return await self._stream(request, reply, model, _include_usage(body))
         except (asyncio.CancelledError, ConnectionResetError):
@@ -186,7 +197,7 @@ class FakeOpenAI:
                 assert request.transport is not None
                 request.transport.abort()
                 return response
-            if n and reply.delay:
+            if n >= reply.delay_from and reply.delay:
                 await asyncio.sleep(reply.delay)
             data = "{not json" if n == reply.malformed_at else payload
             await response.write(b"data: " + data.encode() + b"\n\n")

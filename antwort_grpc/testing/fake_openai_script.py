@@ -41,7 +41,10 @@ class Reply(BaseModel):
     # Timing: before the response headers, and between streamed events.
     first_delay: float = 0.0
     delay: float = 0.0
-    # Faults: abort the connection after this many data events; send garbage as event n.
+    # The first streamed event that waits `delay` (the role chunk is event 0).
+    delay_from: int = 1
+    # Faults: abort the connection after this many data events; send garbage as event n (any
+    # value: a non-streamed answer is garbage as a whole).
     cut_after: int | None = None
     malformed_at: int | None = None
     # The stream's exact data payloads (chunk-format fixtures); "[DONE]" is not added.

@@ -104,9 +104,7 @@ async def test_a_stream_without_done_that_finished_still_ends_the_turn(
     assert out.text == "done" and out.finish is FinishReason.STOP
 
 
-async def test_non_streaming_gives_items_in_the_models_order(
-    fake: FakeOpenAI, provider: OpenAICompatProvider
-) -> None:
+async def test_non_streaming_gives_items_in_the_models_order(fake: FakeOpenAI, provider: OpenAICompatProvider) -> None:
     fake.add(
         Reply(
             reasoning="thinking",

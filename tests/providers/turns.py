@@ -23,8 +23,8 @@ def user(text: str) -> pb.Item:
     return pb.Item(message=pb.Message(role=pb.Role.ROLE_USER, content=[part]))
 
 
-def turn(text: str = "Hello", **options: object) -> TurnRequest:
-    return TurnRequest(model="fake-model", instructions="", items=[user(text)], tools=[], **options)  # type: ignore[arg-type]
+def turn(text: str = "Hello", model: str = "fake-model", **options: object) -> TurnRequest:
+    return TurnRequest(model=model, instructions="", items=[user(text)], tools=[], **options)  # type: ignore[arg-type]
 
 
 @dataclass
