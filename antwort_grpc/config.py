@@ -48,6 +48,8 @@ class GatewaySettings(BaseSettings):
     max_turns: int = 10
     # Seconds in-flight streams get to finish on SIGTERM.
     shutdown_grace: float = 10.0
+    # Seconds between health going NOT_SERVING and refusing new calls, for load balancers.
+    shutdown_drain: float = 1.0
 
     _split = field_validator("executors", mode="before")(_split_commas)
 

@@ -112,7 +112,9 @@ async def test_results_go_back_in_the_models_order_not_the_finishing_order() -> 
     async with running_gateway(provider=provider, executors=[Staggered({"t": echo})]) as gw:
         events = await gw.stream(with_tools("go", "t"))
     response = final(events)
-    outputs = [i.function_call_output.call_id for i in response.output if i.WhichOneof("kind") == "function_call_output"]
+    outputs = [
+        i.function_call_output.call_id for i in response.output if i.WhichOneof("kind") == "function_call_output"
+    ]
     assert outputs == ["c1", "c2"]
     finished = [getattr(e, kinds([e])[0]).call_id for e in events if kinds([e])[0] == "tool_execution_completed"]
     assert finished == ["c2", "c1"], "the second call finishes first; the output order is still the model's"
@@ -146,7 +148,9 @@ async def test_all_calls_failing_does_not_end_the_loop() -> None:
     async with running_gateway(provider=provider, executors=[MockExecutor({"flaky": fails})]) as gw:
         response = final(await gw.stream(with_tools("Try hard", "flaky")))
     assert response.status == S.RESPONSE_STATUS_COMPLETED
-    errors = [i.function_call_output.is_error for i in response.output if i.WhichOneof("kind") == "function_call_output"]
+    errors = [
+        i.function_call_output.is_error for i in response.output if i.WhichOneof("kind") == "function_call_output"
+    ]
     assert errors == [True, True, True]
     assert len(provider.requests) == 3
 

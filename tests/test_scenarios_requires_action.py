@@ -47,7 +47,12 @@ async def test_function_call_without_server_executor_requires_action() -> None:
 
 async def test_streaming_requires_action_terminal_event_lists_the_calls() -> None:
     provider = ScriptedProvider(
-        [[Call.of("get_weather", {"city": "Paris"}, call_id="c1"), Call.of("get_weather", {"city": "Rome"}, call_id="c2")]]
+        [
+            [
+                Call.of("get_weather", {"city": "Paris"}, call_id="c1"),
+                Call.of("get_weather", {"city": "Rome"}, call_id="c2"),
+            ]
+        ]
     )
     async with running_gateway(provider=provider) as gw:
         events = await gw.stream(weather())
@@ -84,7 +89,9 @@ async def test_follow_up_without_outputs_is_sent_to_the_model_as_it_is() -> None
     provider = ScriptedProvider([[Call.of("get_weather", {"city": "Paris"}, call_id="c1")], [Text("Let me retry.")]])
     async with running_gateway(provider=provider) as gw:
         first = await gw.create(weather())
-        request = follow_up(first.id, pb.Item(message=pb.Message(role=pb.Role.ROLE_USER, content=[_text("never mind")])))
+        request = follow_up(
+            first.id, pb.Item(message=pb.Message(role=pb.Role.ROLE_USER, content=[_text("never mind")]))
+        )
         second = await gw.create(request)
     assert second.status == S.RESPONSE_STATUS_COMPLETED
     assert kinds_sent(provider.requests[1]) == ["message", "function_call", "message"]
@@ -93,7 +100,10 @@ async def test_follow_up_without_outputs_is_sent_to_the_model_as_it_is() -> None
 async def test_mixed_turn_pauses_with_requires_action_and_runs_server_calls_on_continuation() -> None:
     provider = ScriptedProvider(
         [
-            [Call.of("get_weather", {"city": "Paris"}, call_id="client_call"), Call.of("lookup", {"q": "x"}, call_id="srv")],
+            [
+                Call.of("get_weather", {"city": "Paris"}, call_id="client_call"),
+                Call.of("lookup", {"q": "x"}, call_id="srv"),
+            ],
             [Text("Both answered.")],
         ]
     )

@@ -128,17 +128,20 @@ class Engine:
             for event in emitter.close_turn(pb.ItemStatus.ITEM_STATUS_INCOMPLETE):
                 yield event
             tool_calls = self._finish(run)
-            await self._save(run)
+            await asyncio.shield(self._save(run))
             finished = True
             yield emitter.terminal(tool_calls)
         finally:
-            self.runs.finish(handle)
-            if not finished:
-                # The client went away (or the server is shutting down): keep what was done.
-                emitter.close_turn(pb.ItemStatus.ITEM_STATUS_INCOMPLETE)
-                run.outcome = Cancelled()
-                self._finish(run)
-                await asyncio.shield(self._save(run))
+            try:
+                if not finished:
+                    # The client went away (or the server is shutting down): keep what was done.
+                    if run.response.status not in state.TERMINAL:
+                        emitter.close_turn(pb.ItemStatus.ITEM_STATUS_INCOMPLETE)
+                        run.outcome = Cancelled()
+                        self._finish(run)
+                    await asyncio.shield(self._save(run))
+            finally:
+                self.runs.finish(handle)
 
     async def cancel(self, response_id: str) -> bool:
         """Stop a response running in this process; False if none is."""

@@ -87,3 +87,13 @@ class RunRegistry:
 
     def running(self) -> list[str]:
         return list(self._runs)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until every run has ended (and stored its final status); False on timeout."""
+        try:
+            async with asyncio.timeout(timeout):
+                while self._runs:
+                    await next(iter(self._runs.values())).done.wait()
+        except TimeoutError:
+            return False
+        return True

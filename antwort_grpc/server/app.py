@@ -40,11 +40,17 @@ class Gateway:
     def target(self) -> str:
         return f"{self.host}:{self.port}"
 
-    async def stop(self, grace: float | None = 5.0) -> None:
-        """Health goes NOT_SERVING and new calls are refused at once; in-flight calls get `grace`
-        seconds, then are cancelled (and stored as cancelled)."""
+    async def stop(self, grace: float | None = 5.0, drain: float = 0.0) -> None:
+        """Health goes NOT_SERVING; for `drain` seconds calls are still accepted so probes and load
+        balancers notice; then new calls are refused and in-flight calls get `grace` seconds before
+        they are cancelled (and stored as cancelled)."""
         await self.health.enter_graceful_shutdown()
+        if drain > 0:
+            await asyncio.sleep(drain)
         await self.server.stop(grace)
+        # Cancelled streams record their final status on their way out; let them.
+        if not await self.engine.runs.wait_idle(5.0):
+            log.warning("responses still running after shutdown: %s", self.engine.runs.running())
 
 
 def _host_of(listen: str) -> str:
@@ -93,7 +99,7 @@ async def start_gateway(
     return Gateway(server, port, _host_of(settings.listen), engine, store, health)
 
 
-async def serve_until_signalled(gateway: Gateway, grace: float) -> None:
+async def serve_until_signalled(gateway: Gateway, grace: float, drain: float) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -101,4 +107,4 @@ async def serve_until_signalled(gateway: Gateway, grace: float) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down: %d responses in flight, %.0fs grace", len(gateway.engine.runs.running()), grace)
-    await gateway.stop(grace)
+    await gateway.stop(grace, drain)

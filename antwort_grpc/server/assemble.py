@@ -1,0 +1,55 @@
+"""Build the gateway's parts from settings: provider, store, executors."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from antwort_grpc.config import GatewaySettings
+from antwort_grpc.executors.base import FunctionExecutor, ToolExecutor
+from antwort_grpc.providers.base import Provider
+from antwort_grpc.storage.base import ResponseStore
+
+log = logging.getLogger(__name__)
+
+Closer = Callable[[], Awaitable[None]]
+
+
+@dataclass
+class Parts:
+    provider: Provider
+    store: ResponseStore
+    executors: list[ToolExecutor]
+    # Called in reverse order on shutdown.
+    closers: list[Closer] = field(default_factory=list)
+
+    async def close(self) -> None:
+        for close in reversed(self.closers):
+            try:
+                await close()
+            except Exception:
+                log.exception("shutdown step failed")
+
+
+async def assemble(settings: GatewaySettings) -> Parts:
+    from antwort_grpc.providers.factory import build_provider
+    from antwort_grpc.storage.factory import open_store
+
+    closers: list[Closer] = []
+    store = await open_store(settings.store, settings.data_dir)
+    if hasattr(store, "close"):
+        closers.append(store.close)
+    provider = await build_provider(settings)
+    if hasattr(provider, "aclose"):
+        closers.append(provider.aclose)
+    executors: list[ToolExecutor] = [FunctionExecutor()]
+    if settings.executors:
+        from antwort_grpc.executors.remote import build_executors
+
+        remote = build_executors(settings.executors)
+        for executor in remote:
+            await executor.start()
+            closers.append(executor.close)
+        executors += remote
+    return Parts(provider, store, executors, closers)
