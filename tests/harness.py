@@ -99,9 +99,7 @@ def user(text: str) -> pb.CreateResponseRequest:
 
 def function_tool(name: str, **properties: str) -> pb.Tool:
     tool = pb.Tool(function=pb.FunctionTool(name=name, description=f"the {name} tool"))
-    tool.function.parameters.update(
-        {"type": "object", "properties": {p: {"type": t} for p, t in properties.items()}}
-    )
+    tool.function.parameters.update({"type": "object", "properties": {p: {"type": t} for p, t in properties.items()}})
     return tool
 
 

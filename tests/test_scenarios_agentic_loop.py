@@ -70,7 +70,7 @@ async def test_three_turn_loop_is_one_continuous_stream() -> None:
         "function_call_output",
         "message",
     ]
-    assert len(provider.requests) == 3
+    assert provider.modes == ["stream", "stream", "stream"]
     assert response.usage.input_tokens == 30 and response.usage.output_tokens == 15
     assert response.usage.total_tokens == 45
 
@@ -190,6 +190,7 @@ async def test_non_streaming_loop_uses_the_complete_path_and_returns_everything(
     assert output_text(response) == "Final answer."
     assert response.usage.total_tokens == 30
     assert all(item.id for item in response.output)
+    assert provider.modes == ["complete", "complete"]
 
 
 async def test_required_and_forced_choice_apply_to_the_first_turn_only() -> None:

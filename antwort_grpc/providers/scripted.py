@@ -84,6 +84,8 @@ class ScriptedProvider:
     repeat: bool = False
     chunk_delay: float = 0.0
     requests: list[TurnRequest] = field(default_factory=list)
+    # "stream" or "complete" per turn served, so tests can tell which path the engine used.
+    modes: list[str] = field(default_factory=list)
     _next: int = 0
 
     @classmethod
@@ -105,6 +107,7 @@ class ScriptedProvider:
         return source if isinstance(source, Turn) else Turn(list(source))
 
     async def stream(self, turn: TurnRequest) -> AsyncIterator[ProviderEvent]:
+        self.modes.append("stream")
         script = self._take(turn)
         delay = script.delay or self.chunk_delay
         for emitted, event in enumerate(_deltas(script.outputs)):
@@ -118,6 +121,7 @@ class ScriptedProvider:
         yield TurnEnd(_finish(script), _usage(script))
 
     async def complete(self, turn: TurnRequest) -> Completion:
+        self.modes.append("complete")
         script = self._take(turn)
         if script.delay or self.chunk_delay:
             await asyncio.sleep(script.delay or self.chunk_delay)
