@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import sys
 
+from antwort_grpc import pb
 from antwort_grpc.providers import local_model
 from antwort_grpc.providers.base import FinishReason, TurnRequest
 from antwort_grpc.providers.local_model import LocalModelProvider
+from tests.harness import final, output_text, running_gateway
 
 from .turns import drain, user
 
@@ -34,6 +36,9 @@ async def test_the_local_model_streams_a_real_answer_and_stops_with_its_owner() 
         assert (await provider.check_health()).ok
         out = await drain(provider, request)
         completion = await provider.complete(request)
+        through_gateway = pb.CreateResponseRequest(input_text="Say hello.", max_output_tokens=8, temperature=0)
+        async with running_gateway(provider=provider, executors=[]) as gw:
+            response = final(await gw.stream(through_gateway))
     finally:
         server = provider._server._process
         await provider.aclose()
@@ -43,4 +48,7 @@ async def test_the_local_model_streams_a_real_answer_and_stops_with_its_owner() 
     assert out.end is not None and out.end.usage is not None
     assert 0 < out.end.usage.output_tokens <= 12 and out.end.usage.input_tokens > 0
     assert completion.items and completion.items[0].message.content[0].output_text.text.strip()
+    S = pb.ResponseStatus
+    assert response.status in (S.RESPONSE_STATUS_COMPLETED, S.RESPONSE_STATUS_INCOMPLETE)
+    assert output_text(response).strip() and response.usage.output_tokens > 0
     assert server is not None and server.returncode is not None, "the child process is gone"
