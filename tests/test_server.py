@@ -127,3 +127,22 @@ async def test_tool_definitions_are_echoed_in_the_response() -> None:
     assert response.metadata["trace"] == "abc"
     assert response.temperature == 0.5
     assert response.parallel_tool_calls and response.store
+
+
+async def test_backend_health_is_reported_under_its_own_service_name() -> None:
+    from antwort_grpc.providers.base import ProviderHealth
+
+    class DownBackend(ScriptedProvider):
+        async def check_health(self) -> ProviderHealth:
+            return ProviderHealth(ok=False, detail="connection refused")
+
+    async with running_gateway(provider=DownBackend([])) as gw:
+        health = health_pb2_grpc.HealthStub(gw.channel)
+        for _ in range(100):
+            reply = await health.Check(health_pb2.HealthCheckRequest(service="antwort.v1.ModelBackend"))
+            if reply.status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                break
+            await asyncio.sleep(0.01)
+        assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        gateway = await health.Check(health_pb2.HealthCheckRequest(service=""))
+        assert gateway.status == health_pb2.HealthCheckResponse.SERVING, "the gateway itself still serves"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -17,13 +17,18 @@ from antwort_grpc import pb
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.engine import Engine, EngineConfig
 from antwort_grpc.executors.base import ToolExecutor
-from antwort_grpc.providers.base import Provider
+from antwort_grpc.providers.base import Provider, ProviderHealth
 from antwort_grpc.server.servicer import ResponsesServicer
 from antwort_grpc.storage.base import ResponseStore
 
 log = logging.getLogger(__name__)
 
 RESPONSES_SERVICE = "antwort.v1.ResponsesService"
+# Health of the model backend, separate from the gateway's own: the gateway keeps serving reads
+# (and answers new responses with backend_unavailable) while the backend is down.
+BACKEND_HEALTH = "antwort.v1.ModelBackend"
+BACKEND_CHECK_INTERVAL = 10.0
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
@@ -35,6 +40,7 @@ class Gateway:
     engine: Engine
     store: ResponseStore
     health: HealthServicer
+    watcher: asyncio.Task[None] | None = None
 
     @property
     def target(self) -> str:
@@ -44,6 +50,8 @@ class Gateway:
         """Health goes NOT_SERVING; for `drain` seconds calls are still accepted so probes and load
         balancers notice; then new calls are refused and in-flight calls get `grace` seconds before
         they are cancelled (and stored as cancelled)."""
+        if self.watcher is not None:
+            self.watcher.cancel()
         await self.health.enter_graceful_shutdown()
         if drain > 0:
             await asyncio.sleep(drain)
@@ -96,7 +104,32 @@ async def start_gateway(
     await health.set("", SERVING)
     await health.set(RESPONSES_SERVICE, SERVING)
     log.info("antwort-grpc listening on %s", settings.listen.rsplit(":", 1)[0] + f":{port}")
-    return Gateway(server, port, _host_of(settings.listen), engine, store, health)
+    gateway = Gateway(server, port, _host_of(settings.listen), engine, store, health)
+    check = getattr(provider, "check_health", None)
+    if check is not None:
+        gateway.watcher = asyncio.create_task(_watch_backend(health, check))
+    else:
+        await health.set(BACKEND_HEALTH, SERVING)
+    return gateway
+
+
+async def _watch_backend(health: HealthServicer, check: Callable[[], Awaitable[ProviderHealth]]) -> None:
+    """Report the backend's reachability under its own health service name, and log changes."""
+    last: bool | None = None
+    while True:
+        try:
+            result = await check()
+            ok, detail = result.ok, result.detail
+        except Exception as err:
+            ok, detail = False, f"{type(err).__name__}: {err}"
+        if ok != last:
+            if ok:
+                log.info("model backend is reachable")
+            else:
+                log.warning("model backend is unavailable: %s", detail)
+            await health.set(BACKEND_HEALTH, SERVING if ok else NOT_SERVING)
+            last = ok
+        await asyncio.sleep(BACKEND_CHECK_INTERVAL)
 
 
 async def serve_until_signalled(gateway: Gateway, grace: float, drain: float) -> None:
