@@ -22,6 +22,10 @@ lint: venv
 	$(BIN)/mypy antwort_grpc
 	cd protos && ../$(BIN)/buf lint
 
+# The agentic loop end to end against a scripted fake model backend (nothing to install).
+demo: venv
+	$(PY) scripts/demo.py
+
 protos: venv
 	$(PY) scripts/gen_protos.py
 
