@@ -8,7 +8,6 @@ the rest of the code writes `from antwort_grpc import pb; pb.Item(...)`.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path

@@ -61,7 +61,7 @@ class SyncServicer:
         self._servicer = servicer
         self._loop = loop
 
-    def CreateResponse(self, request: pb.CreateResponseRequest, context: Any) -> Iterator[Any]:  # noqa: N802
+    def CreateResponse(self, request: pb.CreateResponseRequest, context: Any) -> Iterator[Any]:
         events = self._servicer.CreateResponse(request, GrpcTestingContext(context))
         while True:
             try:
