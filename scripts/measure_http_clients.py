@@ -23,6 +23,9 @@ import aiohttp
 import httpx
 import orjson
 
+from antwort_grpc import pb
+from antwort_grpc.providers.base import TurnRequest
+from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
 from antwort_grpc.providers.openai.sse import SseParser
 from antwort_grpc.providers.openai.wire import ChatCompletionChunk
 
@@ -143,6 +146,29 @@ async def measure_raw(url: str, n: int, c: int) -> dict[str, float]:
     return result
 
 
+async def measure_provider(url: str, n: int, c: int) -> dict[str, float]:
+    """The whole provider path: request translation, HTTP, SSE, pydantic, deltas."""
+    config = BackendConfig(base_url=url.removesuffix("/chat/completions"), model="fake-model", max_connections=c)
+    provider = OpenAICompatProvider(config)
+    request = TurnRequest(model="", instructions="", items=[user_item("Say twenty words.")], tools=[])
+
+    async def plain() -> int:
+        return len((await provider.complete(request)).items) + 1
+
+    async def stream() -> int:
+        return len([event async for event in provider.stream(request)])
+
+    try:
+        return {"non-streaming": await run(plain, n, c), "streaming": await run(stream, n, c)}
+    finally:
+        await provider.aclose()
+
+
+def user_item(text: str) -> pb.Item:
+    part = pb.ContentPart(input_text=pb.InputText(text=text))
+    return pb.Item(message=pb.Message(role=pb.Role.ROLE_USER, content=[part]))
+
+
 def measure_parsing(n: int) -> dict[str, float]:
     chunk = json.dumps(
         {
@@ -174,14 +200,15 @@ async def main() -> None:
     backend, url = start_backend()
     try:
         print(f"{args.requests} requests, concurrency {args.concurrency}, 20 text deltas per stream")
-        print(f"{'client':<22}{'non-streaming':>16}{'streaming':>16}   (CPU µs per request)")
+        print(f"{'client':<24}{'non-streaming':>14}{'streaming':>12}   (CPU µs per request)")
         for name, measure in [
             (f"httpx {httpx.__version__}", measure_httpx),
             (f"aiohttp {aiohttp.__version__}", measure_aiohttp),
             ("raw asyncio (floor)", measure_raw),
+            ("our provider (aiohttp)", measure_provider),
         ]:
             figures = await measure(url, args.requests, args.concurrency)
-            print(f"{name:<22}{figures['non-streaming']:>16.0f}{figures['streaming']:>16.0f}")
+            print(f"{name:<24}{figures['non-streaming']:>14.0f}{figures['streaming']:>12.0f}")
         print("\nparsing one chunk (CPU µs):")
         for name, micros in measure_parsing(20000).items():
             print(f"  {name:<32}{micros:>8.1f}")
