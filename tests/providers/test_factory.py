@@ -36,10 +36,11 @@ async def test_a_script_selects_the_scripted_provider(tmp_path: Path) -> None:
 
 
 async def test_without_either_the_embedded_local_model_is_started() -> None:
-    provider = await build_provider(GatewaySettings())
+    settings = GatewaySettings()
+    provider = await build_provider(settings)
     try:
         assert isinstance(provider, LocalModelProvider)
-        assert provider.model_name == local_model.MODEL_NAME
+        assert provider.model_name == settings.model == local_model.MODEL_NAME, "the default model"
         assert (await provider.check_health()).ok, "started and serving"
     finally:
         await provider.aclose()
