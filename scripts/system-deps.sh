@@ -3,6 +3,11 @@
 set -euo pipefail
 need=()
 [ -n "$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null)" ] || need+=(postgresql)
+# A real Go client of the contract (tests/interop): Debian's Go toolchain and grpc-go.
+command -v go >/dev/null || need+=(golang-go golang-google-grpc-dev golang-google-protobuf-dev)
+command -v protoc-gen-go-grpc >/dev/null || need+=(protobuf-compiler protoc-gen-go protoc-gen-go-grpc)
+# grpc-go needs protobuf 1.5's shim: with the default 1.3 package the client builds but panics.
+dpkg -s golang-github-golang-protobuf-1-5-dev >/dev/null 2>&1 || need+=(golang-github-golang-protobuf-1-5-dev)
 if ((${#need[@]})); then
   echo "installing ${need[*]} (apt)"
   export DEBIAN_FRONTEND=noninteractive
