@@ -43,6 +43,8 @@ def generate(out: Path) -> None:
         public: list[str] = []
         for src in sorted((Path(tmp) / "antwort" / "v1").iterdir()):
             text = src.read_text()
+            if src.name.endswith("_pb2_grpc.py") and "Servicer" not in text:
+                continue  # a proto without services: protoc still writes an empty module
             text = re.sub(r"^from antwort\.v1 import", "from antwort_grpc.pb import", text, flags=re.M)
             (out / src.name).write_text(HEADER + text)
             if src.suffix == ".pyi":
