@@ -18,7 +18,7 @@ import importlib.util
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 from antwort_grpc.providers.base import Completion, ProviderError, ProviderEvent, ProviderHealth, TurnRequest
@@ -115,10 +115,11 @@ class LocalModelProvider:
                     self._provider = OpenAICompatProvider(config)
         return self._provider
 
-    async def stream(self, turn: TurnRequest) -> AsyncIterator[ProviderEvent]:
+    async def stream(self, turn: TurnRequest) -> AsyncGenerator[ProviderEvent, None]:
         backend = await self._backend()
-        async for event in backend.stream(turn):
-            yield event
+        async with contextlib.aclosing(backend.stream(turn)) as events:
+            async for event in events:
+                yield event
 
     async def complete(self, turn: TurnRequest) -> Completion:
         return await (await self._backend()).complete(turn)

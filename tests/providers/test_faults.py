@@ -221,6 +221,18 @@ async def test_cancelling_the_caller_cancels_the_backend_request(
         await task
 
 
+async def test_a_caller_that_stops_reading_closes_the_backend_request(
+    fake: FakeOpenAI, provider: OpenAICompatProvider
+) -> None:
+    fake.add(Reply(text="slow " * 50, delay=10, delay_from=3))
+    stream = provider.stream(turn())
+
+    await anext(stream)
+    await stream.aclose()
+
+    await fake.wait_for_disconnect(timeout=1)
+
+
 async def test_cancelling_while_the_backend_has_not_answered_yet_cancels_the_request(
     fake: FakeOpenAI, provider: OpenAICompatProvider
 ) -> None:

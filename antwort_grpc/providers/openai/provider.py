@@ -8,9 +8,10 @@ scripts/measure_http_clients.py and docs/providers.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TypeVar
 
 import aiohttp
@@ -70,16 +71,18 @@ class OpenAICompatProvider:
             await self._session.close()
         self._session = None
 
-    async def stream(self, turn: TurnRequest) -> AsyncIterator[ProviderEvent]:
+    async def stream(self, turn: TurnRequest) -> AsyncGenerator[ProviderEvent, None]:
         model = turn.model or self.config.model
         body = json.dumps(build_body(turn, stream=True, model=model)).encode()
         attempt = 0
         while True:
             started = False
             try:
-                async for event in self._stream_once(body, model):
-                    started = True
-                    yield event
+                # aclosing: a caller that stops iterating closes the HTTP response now, not at GC.
+                async with contextlib.aclosing(self._stream_once(body, model)) as events:
+                    async for event in events:
+                        started = True
+                        yield event
                 return
             except _Retry as error:
                 # Once a token went out, a retry would repeat it: the caller gets the error
@@ -171,7 +174,7 @@ class OpenAICompatProvider:
         except ValidationError as error:
             raise _protocol_error(content, error) from None
 
-    async def _stream_once(self, body: bytes, model: str) -> AsyncIterator[ProviderEvent]:
+    async def _stream_once(self, body: bytes, model: str) -> AsyncGenerator[ProviderEvent, None]:
         response = await self._post(body, model)
         translator = StreamTranslator()
         parser = SseParser()
