@@ -83,12 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _migrate_parser(sub)
-    try:
-        from antwort_grpc.executors.cli import add_executor_parser
-    except ImportError:
-        pass
-    else:
-        add_executor_parser(sub)
     for add in EXTRA_COMMANDS:
         add(sub)
     args = parser.parse_args(argv)

@@ -42,6 +42,8 @@ class GatewaySettings(BaseSettings):
     store: str = ""
     history_max_depth: int = 100
     response_ttl_seconds: float | None = None
+    # Seconds between store upkeep: heartbeat, sweep of responses a dead replica left, TTL purge.
+    store_maintenance_seconds: float = 5.0
 
     # gRPC targets of ToolExecutorService servers.
     executors: Annotated[list[str], NoDecode] = Field(default_factory=list)

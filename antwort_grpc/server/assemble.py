@@ -45,11 +45,7 @@ async def assemble(settings: GatewaySettings) -> Parts:
         closers.append(provider.aclose)
     executors: list[ToolExecutor] = [FunctionExecutor()]
     if settings.executors:
-        from antwort_grpc.executors.remote import build_executors
-
-        remote = build_executors(settings.executors)
-        for executor in remote:
-            await executor.start()
-            closers.append(executor.close)
-        executors += remote
+        # The gRPC client of ToolExecutorService is not part of this build yet: say so at startup
+        # rather than serve requests whose server-side tools can never run.
+        raise ValueError("remote tool executors (--executor / ANTWORT_EXECUTORS) are not available yet")
     return Parts(provider, store, executors, closers)

@@ -1,0 +1,56 @@
+"""Background work of a store: one task that runs its periodic steps, and the in-process cancel
+callbacks the single-process stores share."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger(__name__)
+
+Step = Callable[[], Awaitable[object]]
+
+
+def run_every(interval: float, steps: list[Step], name: str) -> asyncio.Task[None]:
+    """Run the steps in order every `interval` seconds until cancelled. A failing step is logged
+    and retried next time: a database blip must not end the heartbeat or the purge for good."""
+
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(interval)
+            for step in steps:
+                try:
+                    await step()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("%s: periodic step %s failed", name, getattr(step, "__name__", step))
+
+    return asyncio.create_task(loop(), name=name)
+
+
+async def stop_task(task: asyncio.Task[None] | None) -> None:
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+class CancelCallbacks:
+    """Who to tell about a cancel request."""
+
+    def __init__(self) -> None:
+        self._callbacks: list[Callable[[str], None]] = []
+
+    def add(self, callback: Callable[[str], None]) -> None:
+        self._callbacks.append(callback)
+
+    def deliver(self, response_id: str) -> None:
+        for callback in self._callbacks:
+            try:
+                callback(response_id)
+            except Exception:
+                log.exception("cancel callback failed for %s", response_id)

@@ -1,0 +1,94 @@
+"""Schema versions of the durable stores. Append a version; never edit one that has shipped.
+
+SQLite records its version in `PRAGMA user_version`, PostgreSQL in antwort_schema_migrations,
+under an advisory lock so replicas starting together migrate once.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+# Statuses QUEUED and IN_PROGRESS (pb.ResponseStatus), inlined so the partial indexes match queries.
+RUNNING_SQL = "(1, 2)"
+
+SQLITE: list[tuple[str, ...]] = [
+    (
+        """CREATE TABLE antwort_responses (
+            id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            status INTEGER NOT NULL,
+            previous_response_id TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            expires_at REAL,
+            instance TEXT NOT NULL,
+            response BLOB NOT NULL,
+            input_items BLOB NOT NULL
+        )""",
+        f"CREATE INDEX antwort_responses_running ON antwort_responses (instance) WHERE status IN {RUNNING_SQL}",
+        "CREATE INDEX antwort_responses_expiry ON antwort_responses (expires_at) WHERE expires_at IS NOT NULL",
+        "CREATE INDEX antwort_responses_previous ON antwort_responses (previous_response_id)",
+        "CREATE INDEX antwort_responses_owner ON antwort_responses (owner, created_at)",
+    ),
+]
+
+POSTGRES: list[tuple[str, ...]] = [
+    (
+        """CREATE TABLE antwort_responses (
+            id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            status SMALLINT NOT NULL,
+            previous_response_id TEXT NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL,
+            expires_at TIMESTAMPTZ,
+            instance TEXT NOT NULL,
+            cancel_requested BOOLEAN NOT NULL DEFAULT FALSE,
+            response BYTEA NOT NULL,
+            input_items BYTEA NOT NULL
+        )""",
+        f"CREATE INDEX antwort_responses_running ON antwort_responses (instance) WHERE status IN {RUNNING_SQL}",
+        "CREATE INDEX antwort_responses_expiry ON antwort_responses (expires_at) WHERE expires_at IS NOT NULL",
+        "CREATE INDEX antwort_responses_previous ON antwort_responses (previous_response_id)",
+        "CREATE INDEX antwort_responses_owner ON antwort_responses (owner, created_at)",
+        """CREATE TABLE antwort_instances (
+            id TEXT PRIMARY KEY,
+            started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now()
+        )""",
+    ),
+]
+
+# Any constant: serializes migrations between replicas starting at the same time.
+_PG_LOCK = 0x616E7477
+
+
+def migrate_sqlite(conn: sqlite3.Connection) -> int:
+    """Apply the missing versions; the version reached. Runs on the writer thread."""
+    current = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    for version, statements in enumerate(SQLITE[current:], start=current + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in statements:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {version}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return len(SQLITE)
+
+
+async def migrate_postgres(conn: Any) -> int:
+    """Apply the missing versions in one transaction; the version reached. `conn`: asyncpg."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _PG_LOCK)
+        await conn.execute(
+            """CREATE TABLE IF NOT EXISTS antwort_schema_migrations (
+                version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"""
+        )
+        current = await conn.fetchval("SELECT coalesce(max(version), 0) FROM antwort_schema_migrations")
+        for version, statements in enumerate(POSTGRES[current:], start=current + 1):
+            for statement in statements:
+                await conn.execute(statement)
+            await conn.execute("INSERT INTO antwort_schema_migrations (version) VALUES ($1)", version)
+    return len(POSTGRES)

@@ -1,0 +1,190 @@
+"""The embedded default store: one SQLite file in WAL mode, used by one gateway process.
+
+Writes go through one writer thread (group commit), reads through one reader thread (WAL lets
+them proceed while a write commits); the event loop only awaits futures. An exclusive lock on
+`<file>.lock` keeps a second gateway off the same file: it would take the first one's running
+responses for interrupted ones. Replicas share PostgreSQL instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+from antwort_grpc import pb
+from antwort_grpc.storage.base import ItemPage, StoredResponse
+from antwort_grpc.storage.codec import Row, from_row, interrupted, to_row
+from antwort_grpc.storage.maintenance import CancelCallbacks, run_every, stop_task
+from antwort_grpc.storage.memory import page_items
+from antwort_grpc.storage.migrations import RUNNING_SQL, migrate_sqlite
+from antwort_grpc.storage.options import StoreOptions
+from antwort_grpc.storage.sqlite_worker import SQLiteWorker
+
+log = logging.getLogger(__name__)
+
+_LIVE = "(expires_at IS NULL OR expires_at > ?)"
+_UPSERT = """INSERT INTO antwort_responses
+    (id, owner, status, previous_response_id, created_at, expires_at, instance, response, input_items)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, status = excluded.status,
+        previous_response_id = excluded.previous_response_id, created_at = excluded.created_at,
+        expires_at = excluded.expires_at, instance = excluded.instance, response = excluded.response,
+        input_items = excluded.input_items"""
+
+
+class StoreInUse(RuntimeError):
+    """Another gateway process has this SQLite file open."""
+
+
+def _lock(path: Path) -> int:
+    lock_path = path.with_name(path.name + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreInUse(
+            f"{path} is used by another antwort-grpc process; SQLite serves one gateway, "
+            "replicas share a PostgreSQL store (ANTWORT_STORE=postgresql://…)"
+        ) from None
+    return fd
+
+
+class SQLiteStore:
+    def __init__(self, path: Path, options: StoreOptions, writer: SQLiteWorker, reader: SQLiteWorker, lock: int):
+        self.path = path
+        self.options = options
+        self.writer = writer
+        self.reader = reader
+        self._lock = lock
+        self._cancels = CancelCallbacks()
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, path: Path, options: StoreOptions | None = None, *, synchronous: str = "NORMAL") -> SQLiteStore:
+        """Lock the file, migrate it, mark what a dead process left running, start the purge."""
+        options = options or StoreOptions()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = _lock(path)
+        writer = SQLiteWorker(path, writer=True, synchronous=synchronous)
+        reader = SQLiteWorker(path, writer=False)
+        try:
+            await writer.start()
+            await writer.run(migrate_sqlite, alone=True)
+            await reader.start()
+        except BaseException:
+            os.close(lock)
+            raise
+        store = cls(path, options, writer, reader, lock)
+        marked = await store.mark_interrupted()
+        if marked:
+            log.warning("marked %d responses interrupted: left in progress by a gateway that stopped", marked)
+        await store.purge_expired()
+        store._task = run_every(options.maintenance_interval, [store.purge_expired], "sqlite-store-maintenance")
+        return store
+
+    async def close(self) -> None:
+        await stop_task(self._task)
+        await self.reader.close()
+        await self.writer.close()
+        os.close(self._lock)
+
+    # -- ResponseStore ------------------------------------------------------------------------
+
+    async def save(self, record: StoredResponse) -> None:
+        row = to_row(record, self.options)
+        instance = self.options.instance_id
+        await self.writer.run(lambda conn: _upsert(conn, row, instance))
+
+    async def get(self, response_id: str, owner: str = "") -> StoredResponse | None:
+        now = self.options.clock()
+
+        def read(conn: sqlite3.Connection) -> StoredResponse | None:
+            found = conn.execute(
+                f"SELECT response, input_items FROM antwort_responses WHERE id = ? AND owner = ? AND {_LIVE}",
+                (response_id, owner, now),
+            ).fetchone()
+            return None if found is None else from_row(found[0], found[1], owner)
+
+        return await self.reader.run(read)
+
+    async def delete(self, response_id: str, owner: str = "") -> bool:
+        now = self.options.clock()
+
+        def delete(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
+                f"DELETE FROM antwort_responses WHERE id = ? AND owner = ? AND {_LIVE}", (response_id, owner, now)
+            )
+            return cursor.rowcount > 0
+
+        return await self.writer.run(delete)
+
+    async def list_input_items(
+        self, response_id: str, *, limit: int, after: str, descending: bool, owner: str = ""
+    ) -> ItemPage | None:
+        record = await self.get(response_id, owner)
+        if record is None:
+            return None
+        return page_items(record.input_items, limit=limit, after=after, descending=descending)
+
+    # -- Recovery, Retention, CancelSignals ---------------------------------------------------
+
+    async def mark_interrupted(self) -> int:
+        """Every running row another process left: the file lock says that process is gone."""
+        instance = self.options.instance_id
+
+        def mark(conn: sqlite3.Connection) -> int:
+            rows = conn.execute(
+                f"SELECT id, response FROM antwort_responses WHERE status IN {RUNNING_SQL} AND instance <> ?",
+                (instance,),
+            ).fetchall()
+            failed = int(pb.ResponseStatus.RESPONSE_STATUS_FAILED)
+            conn.executemany(
+                "UPDATE antwort_responses SET status = ?, response = ? WHERE id = ?",
+                [(failed, interrupted(response), key) for key, response in rows],
+            )
+            return len(rows)
+
+        return await self.writer.run(mark)
+
+    async def purge_expired(self) -> int:
+        now = self.options.clock()
+        sql = f"DELETE FROM antwort_responses WHERE expires_at <= ? AND status NOT IN {RUNNING_SQL}"
+        return await self.writer.run(lambda conn: conn.execute(sql, (now,)).rowcount)
+
+    async def request_cancel(self, response_id: str) -> bool:
+        """One process per file: the response runs here, if anywhere."""
+        now = self.options.clock()
+        sql = f"SELECT 1 FROM antwort_responses WHERE id = ? AND status IN {RUNNING_SQL} AND {_LIVE}"
+        running = await self.reader.run(lambda conn: conn.execute(sql, (response_id, now)).fetchone() is not None)
+        if running:
+            self._cancels.deliver(response_id)
+        return running
+
+    def on_cancel(self, callback: Callable[[str], None]) -> None:
+        self._cancels.add(callback)
+
+
+def _upsert(conn: sqlite3.Connection, row: Row, instance: str) -> None:
+    conn.execute(
+        _UPSERT,
+        (
+            row.id,
+            row.owner,
+            row.status,
+            row.previous_response_id,
+            row.created_at,
+            row.expires_at,
+            instance,
+            row.response,
+            row.input_items,
+        ),
+    )
+
+
+__all__ = ["SQLiteStore", "StoreInUse"]
