@@ -17,8 +17,8 @@ test: venv
 	$(PY) -m pytest -q
 
 lint: venv
-	$(BIN)/ruff check antwort_grpc tests scripts
-	$(BIN)/ruff format --check antwort_grpc tests scripts
+	$(BIN)/ruff check antwort_grpc tests scripts examples
+	$(BIN)/ruff format --check antwort_grpc tests scripts examples
 	$(BIN)/mypy antwort_grpc
 	cd protos && ../$(BIN)/buf lint
 

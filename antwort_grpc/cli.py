@@ -9,7 +9,6 @@ import argparse
 import asyncio
 import logging
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from antwort_grpc.config import GatewaySettings
@@ -74,17 +73,14 @@ def _logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-# Subcommands other parts of the package add: name -> function adding its parser.
-EXTRA_COMMANDS: list[Callable[[Any], None]] = []
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="antwort-grpc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _migrate_parser(sub)
-    for add in EXTRA_COMMANDS:
-        add(sub)
+    from antwort_grpc.executors.cli import add_executor_parser
+
+    add_executor_parser(sub)
     args = parser.parse_args(argv)
     result: int = args.run(args)
     return result

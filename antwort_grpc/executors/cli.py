@@ -1,0 +1,66 @@
+"""`antwort-grpc executor <role>`: run one ToolExecutorService (sandbox, MCP bridge, your own).
+
+Every role takes `--listen` (ANTWORT_EXECUTOR_LISTEN) and `--log-level` the same way; a role adds
+its own flags in its parser function, listed in ROLES.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from antwort_grpc.config import ExecutorSettings
+from antwort_grpc.executors.sdk import ExecutorService, run_executor
+
+
+def common_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--listen", help="host:port (ANTWORT_EXECUTOR_LISTEN, default 127.0.0.1:50061)")
+    p.add_argument("--log-level", help="ANTWORT_EXECUTOR_LOG_LEVEL, default INFO")
+
+
+def executor_settings(args: argparse.Namespace) -> ExecutorSettings:
+    names = ["listen", "log_level"]
+    return ExecutorSettings(**{n: getattr(args, n) for n in names if getattr(args, n, None) is not None})
+
+
+def serve_role(settings: ExecutorSettings, service: ExecutorService) -> int:
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(run_executor(service, settings.listen))
+    return 0
+
+
+def _custom_parser(roles: Any) -> None:
+    p = roles.add_parser("run", help="run your own ExecutorService subclass (module:Class)")
+    p.add_argument("service", help="import path of the class, e.g. examples.weather_executor:Weather")
+    common_flags(p)
+    p.set_defaults(run=_run_custom)
+
+
+def load_service(path: str) -> ExecutorService:
+    module_name, _, class_name = path.partition(":")
+    if not class_name:
+        raise SystemExit(f"{path!r}: expected module:Class")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    service = cls()
+    if not isinstance(service, ExecutorService):
+        raise SystemExit(f"{path!r} is not an ExecutorService subclass")
+    return service
+
+
+def _run_custom(args: argparse.Namespace) -> int:
+    return serve_role(executor_settings(args), load_service(args.service))
+
+
+# Parser functions of the roles: each adds one subcommand under `executor`.
+ROLES: list[Callable[[Any], None]] = [_custom_parser]
+
+
+def add_executor_parser(sub: Any) -> None:
+    p = sub.add_parser("executor", help="run a ToolExecutorService (sandbox, mcp, or your own)")
+    roles = p.add_subparsers(dest="role", required=True)
+    for add in ROLES:
+        add(roles)

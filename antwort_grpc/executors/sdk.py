@@ -1,0 +1,196 @@
+"""Write your own tool executor service in a few lines.
+
+Subclass `ExecutorService`, say which tools it offers (`list_tools`) and run a call (`execute`);
+`serve_executor` puts it behind `antwort.v1.ToolExecutorService` on a grpc.aio server with the
+health service and reflection, and `run_executor` serves it until SIGTERM. The sandbox and the
+MCP bridge are built on this too.
+
+    class Weather(ExecutorService):
+        name = "weather"
+
+        async def list_tools(self) -> list[pb.ExecutorTool]:
+            return [function_tool("get_weather", "Weather in a city", {"type": "object", ...})]
+
+        async def execute(self, call, tool, progress):
+            return text_result(f"sunny in {json.loads(call.arguments)['city']}")
+
+A gateway started with `--executor host:port` offers these tools to requests that name them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import grpc
+from google.protobuf import json_format, struct_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from antwort_grpc import pb
+from antwort_grpc.executors.base import ProgressSink
+
+log = logging.getLogger(__name__)
+
+Context: TypeAlias = Any  # grpc ships no type information for the servicer context
+SERVICE_NAME = "antwort.v1.ToolExecutorService"
+
+
+class ExecutorService:
+    """One executor service. Override `list_tools` and `execute`; the rest has defaults."""
+
+    kind: pb.ToolKind = pb.ToolKind.TOOL_KIND_FUNCTION
+    name: str = "executor"
+
+    async def list_tools(self) -> list[pb.ExecutorTool]:
+        """The tools this service offers, as the model sees them."""
+        raise NotImplementedError
+
+    async def execute(self, call: pb.FunctionCall, tool: pb.Tool, progress: ProgressSink) -> pb.FunctionCallOutput:
+        """Run one call. Return an is_error output for a failure the model should see; an
+        exception becomes one too."""
+        raise NotImplementedError
+
+    async def can_execute(self, tool: pb.Tool) -> bool:
+        """By default: a function tool whose name this service lists, an MCP tool whose server
+        label it lists, or a code interpreter when this is a sandbox."""
+        kind = tool.WhichOneof("kind")
+        if kind == "code_interpreter":
+            return bool(self.kind == pb.ToolKind.TOOL_KIND_SANDBOX)
+        offered = await self.list_tools()
+        if kind == "function":
+            return any(t.function.name == tool.function.name for t in offered)
+        if kind == "mcp":
+            return any(t.server_label == tool.mcp.server_label for t in offered)
+        return False
+
+    async def start(self) -> None:
+        """Called once before the server accepts calls (connect, warm caches)."""
+
+    async def close(self) -> None:
+        """Called once after the server stopped."""
+
+
+def function_tool(
+    name: str, description: str, parameters: Mapping[str, Any], server_label: str = ""
+) -> pb.ExecutorTool:
+    schema = struct_pb2.Struct()
+    json_format.ParseDict(dict(parameters), schema)
+    return pb.ExecutorTool(
+        function=pb.FunctionTool(name=name, description=description, parameters=schema),
+        server_label=server_label,
+    )
+
+
+def text_result(output: str, *, is_error: bool = False) -> pb.FunctionCallOutput:
+    return pb.FunctionCallOutput(output=output, is_error=is_error)
+
+
+class ToolExecutorServicer(pb.ToolExecutorServiceServicer):
+    """antwort.v1.ToolExecutorService over one ExecutorService."""
+
+    def __init__(self, service: ExecutorService) -> None:
+        self.service = service
+
+    async def GetExecutorInfo(self, request: pb.GetExecutorInfoRequest, context: Context) -> pb.GetExecutorInfoResponse:
+        tools = await self.service.list_tools()
+        return pb.GetExecutorInfoResponse(kind=self.service.kind, name=self.service.name, tools=tools)
+
+    async def CanExecute(self, request: pb.CanExecuteRequest, context: Context) -> pb.CanExecuteResponse:
+        return pb.CanExecuteResponse(can_execute=await self.service.can_execute(request.tool))
+
+    async def Execute(self, request: pb.ExecuteRequest, context: Context) -> AsyncIterator[pb.ExecuteResponse]:
+        """Progress messages as they come, then exactly one result. A client that goes away (or a
+        deadline that passes) cancels the running call."""
+        if not request.call.name:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "call.name is required")
+        updates: asyncio.Queue[str] = asyncio.Queue()
+        task = asyncio.create_task(self._run(request, updates.put_nowait))
+        try:
+            while True:
+                next_update = asyncio.ensure_future(updates.get())
+                done, _ = await asyncio.wait({task, next_update}, return_when=asyncio.FIRST_COMPLETED)
+                if next_update in done:
+                    yield pb.ExecuteResponse(progress=pb.ToolProgress(message=next_update.result()))
+                    continue
+                next_update.cancel()
+                while not updates.empty():
+                    yield pb.ExecuteResponse(progress=pb.ToolProgress(message=updates.get_nowait()))
+                yield pb.ExecuteResponse(result=task.result())
+                return
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _run(self, request: pb.ExecuteRequest, progress: ProgressSink) -> pb.FunctionCallOutput:
+        call = request.call
+        try:
+            result = await self.service.execute(call, request.tool, progress)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            log.exception("tool %s (%s) failed", call.name, call.call_id)
+            result = text_result(f"tool {call.name!r} failed: {type(err).__name__}: {err}", is_error=True)
+        result.call_id = call.call_id
+        return result
+
+
+@dataclass
+class ExecutorServer:
+    server: grpc.aio.Server
+    port: int
+    host: str
+    service: ExecutorService
+    health: HealthServicer
+
+    @property
+    def target(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def stop(self, grace: float | None = 5.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        await self.service.close()
+
+
+async def serve_executor(service: ExecutorService, listen: str = "127.0.0.1:0") -> ExecutorServer:
+    """Start a grpc.aio server for the service; port 0 picks a free one (see `.port`)."""
+    await service.start()
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    pb.add_ToolExecutorServiceServicer_to_server(ToolExecutorServicer(service), server)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+    )
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        await service.close()
+        raise OSError(f"cannot listen on {listen}")
+    await server.start()
+    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    host = listen.rsplit(":", 1)[0]
+    host = "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
+    log.info("%s executor %r listening on %s:%d", pb.ToolKind.Name(service.kind), service.name, host, port)
+    return ExecutorServer(server, port, host, service, health)
+
+
+async def run_executor(service: ExecutorService, listen: str, grace: float = 10.0) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+    running = await serve_executor(service, listen)
+    print(f"antwort-grpc executor {service.name} serving on {running.target}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await running.stop(grace)
