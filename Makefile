@@ -26,6 +26,11 @@ lint: venv
 demo: venv
 	$(PY) scripts/demo.py
 
+# Benchmarks (a few minutes; not part of `make test`): bench/results/latest.json and bench/RESULTS.md.
+# BENCH_TINY=1 runs everything in seconds; BENCH_ARGS="--only stream,tools --profile overhead" and so on.
+bench: venv
+	$(PY) -m bench.run $(BENCH_ARGS)
+
 protos: venv
 	$(PY) scripts/gen_protos.py
 

@@ -1,0 +1,1 @@
+"""Benchmarks of the gateway: `make bench` (python -m bench.run). See bench/RESULTS.md."""

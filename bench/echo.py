@@ -1,0 +1,71 @@
+"""The transport limit: a minimal grpc.aio server-streaming echo, `python -m bench.echo`.
+
+It serves the gateway's method path (/antwort.v1.ResponsesService/CreateResponse), so the very
+same client code reads it, and streams `--count` copies of one prebuilt CreateResponseResponse
+shaped and sized like the gateway's text-delta events. What is left is grpc.aio's own cost of
+sending a message: the most any gateway in Python can stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from antwort_grpc import pb
+from antwort_grpc.ids import new_id
+
+
+def delta_message(text: str, sequence_number: int) -> pb.CreateResponseResponse:
+    """A text delta as the gateway sends it (the same field sizes)."""
+    event = pb.StreamEvent(
+        sequence_number=sequence_number,
+        output_text_delta=pb.OutputTextDeltaEvent(item_id=new_id("msg"), output_index=0, content_index=0, delta=text),
+    )
+    return pb.CreateResponseResponse(event=event)
+
+
+async def _serve(count: int, text: str) -> None:
+    message = delta_message(text, count)
+
+    async def create(request: pb.CreateResponseRequest, context: Any) -> AsyncIterator[pb.CreateResponseResponse]:
+        for _ in range(count):
+            yield message
+
+    handler = grpc.method_handlers_generic_handler(
+        "antwort.v1.ResponsesService",
+        {
+            "CreateResponse": grpc.unary_stream_rpc_method_handler(
+                create,
+                request_deserializer=pb.CreateResponseRequest.FromString,
+                response_serializer=pb.CreateResponseResponse.SerializeToString,
+            )
+        },
+    )
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(f"READY {port}", flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await server.stop(0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--text", default="token ")
+    args = parser.parse_args()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(args.count, args.text))
+
+
+if __name__ == "__main__":
+    main()

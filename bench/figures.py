@@ -1,0 +1,371 @@
+"""The five figures of the benchmark. Each is a ratio of two things measured side by side in the
+same run (absolute times on a shared machine are noise), repeated; `Results` keeps every run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import statistics
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+
+from antwort_grpc import pb
+from bench import profile
+from bench.backend import model_name
+from bench.clients import Direct, channel, create, drive, function_tool, read_stream
+from bench.procs import Child, spawn
+from bench.stats import Results, percentile
+
+
+@dataclass(frozen=True)
+class Scale:
+    rounds: int  # repeats of figures 1, 2 and 5
+    deltas: int  # figure 1: text deltas per streamed response
+    c1_requests: int  # figure 2: requests per block at concurrency 1
+    stream_requests: int  # figure 2: streamed requests per block (time to first token)
+    cn_requests: int  # figure 2: requests per block at concurrency `concurrency`
+    concurrency: int
+    tool_repeats: int  # figure 3
+    streams: int  # figure 4: conversations held open at once
+    stream_repeats: int
+    tokens: int  # figure 4: tokens per model turn, `token_delay` seconds apart
+    token_delay: float
+    growth_turns: int  # figure 5: turns per block (responses = growth_turns / turns)
+    chain: int  # figure 5: previous_response_id chain length
+
+
+FULL = Scale(
+    rounds=5,
+    deltas=5000,
+    c1_requests=300,
+    stream_requests=100,
+    cn_requests=1000,
+    concurrency=32,
+    tool_repeats=10,
+    streams=1000,
+    stream_repeats=3,
+    tokens=20,
+    token_delay=0.25,
+    growth_turns=200,
+    chain=50,
+)
+TINY = Scale(
+    rounds=1,
+    deltas=50,
+    c1_requests=5,
+    stream_requests=3,
+    cn_requests=16,
+    concurrency=4,
+    tool_repeats=1,
+    streams=8,
+    stream_repeats=1,
+    tokens=3,
+    token_delay=0.01,
+    growth_turns=10,
+    chain=4,
+)
+
+TEXT = "token "
+
+
+@contextlib.asynccontextmanager
+async def running(name: str, module: str, *args: str) -> AsyncIterator[Child]:
+    child = await spawn(name, module, *args)
+    profiler = await profile.attach(child.pid, name) if name == "gateway" else None
+    try:
+        yield child
+    finally:
+        await child.stop()
+        await profile.detach(profiler)
+
+
+def gateway(*args: str) -> contextlib.AbstractAsyncContextManager[Child]:
+    return running("gateway", "bench.gateway", *args)
+
+
+# -- 1. stream throughput against the transport limit -------------------------------------------
+
+
+async def stream_throughput(scale: Scale, results: Results) -> None:
+    """Events/s of a streamed response from an instant model, over events/s of a bare grpc.aio
+    server streaming as many messages of a text delta's size; also their CPU per event."""
+    async with (
+        gateway("--provider", "instant", "--deltas", str(scale.deltas), "--text", TEXT) as gw,
+        running("echo", "bench.echo", "--count", str(scale.deltas + 8), "--text", TEXT) as echo,
+        channel(gw.target) as gw_channel,
+        channel(echo.target) as echo_channel,
+    ):
+        request = pb.CreateResponseRequest(input_text="go", stream=True, store=False)
+        sides = {
+            "gateway": (gw, pb.ResponsesServiceStub(gw_channel)),
+            "echo": (echo, pb.ResponsesServiceStub(echo_channel)),
+        }
+        for _, stub in sides.values():
+            await read_stream(stub, request)  # warm-up
+        for n in range(scale.rounds):
+            rate: dict[str, float] = {}
+            cpu: dict[str, float] = {}
+            order = list(sides) if n % 2 == 0 else list(reversed(sides))
+            for side in order:
+                child, stub = sides[side]
+                before = child.cpu_seconds()
+                events = seconds = 0.0
+                # Several streams per side so the CPU count (10 ms ticks) has enough to count.
+                for _ in range(3):
+                    read = await read_stream(stub, request)
+                    events += read.events
+                    seconds += read.ended - read.started
+                rate[side] = events / seconds
+                cpu[side] = (child.cpu_seconds() - before) / events
+            results.add("stream_throughput_ratio", rate["gateway"] / rate["echo"])
+            results.add("stream_gateway_events_per_s", rate["gateway"], "events/s")
+            results.add("stream_echo_events_per_s", rate["echo"], "events/s")
+            results.add("stream_cpu_ratio", cpu["echo"] / cpu["gateway"] if cpu["gateway"] else math.nan)
+            results.add("stream_gateway_cpu_us_per_event", cpu["gateway"] * 1e6, "µs")
+            results.add("stream_echo_cpu_us_per_event", cpu["echo"] * 1e6, "µs")
+
+
+# -- 2. gateway overhead against the direct backend ---------------------------------------------
+
+
+async def overhead(scale: Scale, results: Results, backend: Child) -> None:
+    """The same requests through the gateway and straight to the fake backend."""
+    model = model_name(words=20)
+    plain = pb.CreateResponseRequest(model=model, input_text="hello", stream=False)
+    streamed = pb.CreateResponseRequest(model=model, input_text="hello", stream=True)
+    async with (
+        gateway("--provider", "openai", "--backend-url", backend.url) as gw,
+        channel(gw.target) as grpc_channel,
+        Direct(backend.url, model) as direct,
+    ):
+        stub = pb.ResponsesServiceStub(grpc_channel)
+
+        async def via_gateway() -> None:
+            response = await create(stub, plain)
+            if response.status != pb.ResponseStatus.RESPONSE_STATUS_COMPLETED:
+                raise RuntimeError(f"gateway answered {pb.ResponseStatus.Name(response.status)}")
+
+        calls = {"gateway": via_gateway, "direct": direct.complete}
+        # Warm both paths (connection pools, first-call code paths).
+        for call in calls.values():
+            await drive(call, 20, 4)
+        pooled: dict[str, list[float]] = {"gateway": [], "direct": []}
+        for n in range(scale.rounds):
+            flip = n % 2 == 1
+            # Concurrency 1: latency, requests/s, and the gateway's CPU per request.
+            lat: dict[str, list[float]] = {}
+            wall: dict[str, float] = {}
+            for side in _order(flip):
+                before = gw.cpu_seconds()
+                lat[side], wall[side] = await drive(calls[side], scale.c1_requests, 1)
+                if side == "gateway":
+                    results.add("gateway_cpu_ms_per_request", _ms(gw.cpu_seconds() - before) / scale.c1_requests, "ms")
+                pooled[side] += lat[side]
+            p50 = {side: percentile(lat[side], 50) for side in lat}
+            p99 = {side: percentile(lat[side], 99) for side in lat}
+            results.add("added_latency_p50_ms", _ms(p50["gateway"] - p50["direct"]), "ms")
+            results.add("added_latency_p99_ms", _ms(p99["gateway"] - p99["direct"]), "ms")
+            results.add("direct_latency_p50_ms", _ms(p50["direct"]), "ms")
+            results.add("throughput_ratio_c1", wall["direct"] / wall["gateway"])
+            # Time to the first token of a streamed answer: the gateway's first text delta event
+            # against the backend's first content chunk.
+            first: dict[str, list[float]] = {"gateway": [], "direct": []}
+            first_event: list[float] = []
+            for side in _order(flip):
+                for _ in range(scale.stream_requests):
+                    if side == "gateway":
+                        read = await read_stream(stub, streamed)
+                        first[side].append(read.first_text - read.started)
+                        first_event.append(read.first_event - read.started)
+                    else:
+                        first[side].append((await direct.first_token())[0])
+            results.add(
+                "added_ttfe_ms", _ms(statistics.median(first["gateway"]) - statistics.median(first["direct"])), "ms"
+            )
+            results.add("gateway_created_event_ms", _ms(statistics.median(first_event)), "ms")
+            # Concurrency N: requests/s and CPU per request under load.
+            for side in _order(flip):
+                before = gw.cpu_seconds()
+                _, wall[side] = await drive(calls[side], scale.cn_requests, scale.concurrency)
+                if side == "gateway":
+                    cpu = _ms(gw.cpu_seconds() - before) / scale.cn_requests
+                    results.add("gateway_cpu_ms_per_request_c32", cpu, "ms")
+            results.add("throughput_ratio_c32", wall["direct"] / wall["gateway"])
+        # The p99 of a few hundred samples is one or two requests: pool every round's samples.
+        results.set_headline(
+            "added_latency_p99_ms", _ms(percentile(pooled["gateway"], 99) - percentile(pooled["direct"], 99))
+        )
+
+
+def _order(flip: bool) -> list[str]:
+    return ["direct", "gateway"] if flip else ["gateway", "direct"]
+
+
+def _ms(seconds: float) -> float:
+    return seconds * 1e3
+
+
+# -- 3. parallel tools ----------------------------------------------------------------------------
+
+
+TOOL_SECONDS = 0.2
+
+
+async def parallel_tools(
+    scale: Scale, results: Results, *, key: str = "parallel_tools_ratio", remote: str = ""
+) -> None:
+    """A model that calls 8 tools of 200 ms at once: the whole response's time over 200 ms."""
+    args = ["--provider", "tools", "--calls", "8", "--tool-seconds", str(TOOL_SECONDS)]
+    if remote:
+        args += ["--remote-executor", remote]
+    request = pb.CreateResponseRequest(input_text="go", stream=True, tools=[function_tool("sleep")])
+    async with gateway(*args) as gw, channel(gw.target) as grpc_channel:
+        stub = pb.ResponsesServiceStub(grpc_channel)
+        await read_stream(stub, request)  # warm-up
+        for _ in range(scale.tool_repeats):
+            read = await read_stream(stub, request)
+            if read.terminal != "completed":
+                raise RuntimeError(f"parallel tools: the response ended {read.terminal}")
+            results.add(key, (read.ended - read.started) / TOOL_SECONDS)
+
+
+# -- 4. concurrency and memory --------------------------------------------------------------------
+
+
+async def concurrency(scale: Scale, results: Results, backend: Child) -> None:
+    """Many streamed conversations held open at once: errors, memory per stream, token lag."""
+    for _ in range(scale.stream_repeats):
+        # A fresh gateway each time: Python keeps memory it once had, so a second run would
+        # show no growth.
+        async with gateway("--provider", "openai", "--backend-url", backend.url) as gw:
+            await _hold_streams(scale, results, gw)
+
+
+async def _hold_streams(scale: Scale, results: Results, gw: Child) -> None:
+    channels = [channel(gw.target) for _ in range(8)]
+    stubs = [pb.ResponsesServiceStub(c) for c in channels]
+    tools = [function_tool("noop")]
+    try:
+        warm = pb.CreateResponseRequest(model=model_name(words=3, tools=1), input_text="hi", stream=True, tools=tools)
+        await asyncio.gather(*(read_stream(stubs[n % len(stubs)], warm) for n in range(min(50, scale.streams))))
+        await asyncio.sleep(0.5)
+        base_rss = gw.rss_bytes()
+        model = model_name(words=scale.tokens, delay=scale.token_delay, tools=1, stamp=True)
+        request = pb.CreateResponseRequest(model=model, input_text="hi", stream=True, tools=tools)
+        open_now = peak_open = 0
+        peak_rss = base_rss
+        errors = 0
+        lags: list[int] = []
+
+        async def conversation(n: int) -> None:
+            nonlocal open_now, peak_open, errors
+            open_now += 1
+            peak_open = max(peak_open, open_now)
+            try:
+                read = await read_stream(stubs[n % len(stubs)], request, stamped=True)
+                lags.extend(read.lags_ns)
+                tokens = len(read.lags_ns) == 2 * scale.tokens
+                if read.terminal != "completed" or not read.sequence_ok or not tokens:
+                    errors += 1
+            except grpc.aio.AioRpcError:
+                errors += 1
+            finally:
+                open_now -= 1
+
+        async def sample() -> None:
+            nonlocal peak_rss
+            while True:
+                peak_rss = max(peak_rss, gw.rss_bytes())
+                await asyncio.sleep(0.1)
+
+        sampler = asyncio.create_task(sample())
+        started = time.perf_counter()
+        try:
+            await asyncio.gather(*(conversation(n) for n in range(scale.streams)))
+        finally:
+            sampler.cancel()
+        wall = time.perf_counter() - started
+        results.add("concurrency_errors", errors)
+        results.add("concurrency_peak_open", peak_open)
+        results.add("rss_per_stream_kb", (peak_rss - base_rss) / scale.streams / 1024, "KiB")
+        results.add("token_lag_p99_ms", percentile(lags, 99) / 1e6 if lags else math.nan, "ms")
+        results.add("token_lag_p50_ms", percentile(lags, 50) / 1e6 if lags else math.nan, "ms")
+        results.add("concurrency_wall_s", wall, "s")
+    finally:
+        for c in channels:
+            await c.close()
+
+
+# -- 5. growth ------------------------------------------------------------------------------------
+
+
+async def growth(scale: Scale, results: Results, backend: Child) -> None:
+    """Gateway CPU per response at 1, 5 and 10 turns, and on a previous_response_id chain."""
+    tools = [function_tool("noop")]
+    async with (
+        gateway("--provider", "openai", "--backend-url", backend.url) as gw,
+        channel(gw.target) as grpc_channel,
+    ):
+        stub = pb.ResponsesServiceStub(grpc_channel)
+
+        def turns_request(turns: int, previous: str = "") -> pb.CreateResponseRequest:
+            return pb.CreateResponseRequest(
+                model=model_name(words=5, tools=turns - 1),
+                input_text="hello",
+                stream=True,
+                tools=tools,
+                previous_response_id=previous,
+            )
+
+        # The chain: each response continues the previous one.
+        chain: list[str] = []
+        for _ in range(scale.chain):
+            read = await read_stream(stub, turns_request(1, chain[-1] if chain else ""))
+            if read.terminal != "completed":
+                raise RuntimeError(f"chain: a response ended {read.terminal}")
+            chain.append(read.response_id)
+        half = chain[len(chain) // 2 - 1]
+
+        async def block(request: pb.CreateResponseRequest, count: int) -> tuple[float, float]:
+            """(gateway CPU seconds, wall seconds) per response."""
+            before = gw.cpu_seconds()
+            started = time.perf_counter()
+            for _ in range(count):
+                read = await read_stream(stub, request)
+                if read.terminal != "completed":
+                    raise RuntimeError(f"growth: a response ended {read.terminal}")
+            return (gw.cpu_seconds() - before) / count, (time.perf_counter() - started) / count
+
+        blocks = {
+            "turns1": (turns_request(1), scale.growth_turns),
+            "turns5": (turns_request(5), max(1, scale.growth_turns // 5)),
+            "turns10": (turns_request(10), max(1, scale.growth_turns // 10)),
+            "nochain": (turns_request(1), scale.growth_turns // 2),
+            "chain_half": (turns_request(1, half), scale.growth_turns // 2),
+            "chain": (turns_request(1, chain[-1]), scale.growth_turns // 2),
+        }
+        for request, _ in blocks.values():
+            await read_stream(stub, request)  # warm-up
+        for n in range(scale.rounds):
+            cpu: dict[str, float] = {}
+            wall: dict[str, float] = {}
+            names = list(blocks) if n % 2 == 0 else list(reversed(blocks))
+            for name in names:
+                request, count = blocks[name]
+                cpu[name], wall[name] = await block(request, count)
+            results.add("turn_cost_ratio_10_vs_1", cpu["turns10"] / (10 * cpu["turns1"]))
+            results.add("turn_cost_ratio_5_vs_1", cpu["turns5"] / (5 * cpu["turns1"]))
+            results.add("turn_wall_ratio_10_vs_1", wall["turns10"] / (10 * wall["turns1"]))
+            # (Tiny runs use a shorter chain under the same keys.)
+            results.add("chain50_cost_ratio", cpu["chain"] / cpu["nochain"])
+            results.add("chain50_wall_ratio", wall["chain"] / wall["nochain"])
+            added_half = cpu["chain_half"] - cpu["nochain"]
+            if added_half > 0:
+                # Linear in the chain: twice the chain adds twice the cost (quadratic: four times).
+                results.add("chain_growth_full_vs_half", (cpu["chain"] - cpu["nochain"]) / added_half)
+            results.add("gateway_cpu_ms_per_turn", cpu["turns1"] * 1e3, "ms")

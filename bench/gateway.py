@@ -1,0 +1,157 @@
+"""A gateway process for the benchmarks: `python -m bench.gateway --provider …`.
+
+The same server `antwort-grpc serve` runs (`start_gateway`, memory store), with the parts a
+benchmark needs that `serve` does not offer: an instant in-process model, and in-process
+server-side tools. Prints `READY <port>` once it serves; SIGTERM stops it.
+
+providers:
+  instant  answers every turn at once with --deltas text deltas of --text
+  tools    asks for --calls calls of the tool `sleep` at once, answers after their results
+  openai   the OpenAI-compatible provider against --backend-url (the production path)
+
+tools (server-side, in this process): `sleep` waits --tool-seconds, `noop` returns at once.
+With --remote-executor TARGET, the tools run in that ToolExecutorService instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator
+
+from antwort_grpc import pb
+from antwort_grpc.config import GatewaySettings
+from antwort_grpc.executors.base import FunctionExecutor, ProgressSink, ToolExecutor
+from antwort_grpc.ids import new_id
+from antwort_grpc.providers.base import (
+    Completion,
+    FinishReason,
+    Provider,
+    ProviderEvent,
+    TextDelta,
+    ToolCallDelta,
+    TurnEnd,
+    TurnRequest,
+)
+from antwort_grpc.server.app import start_gateway
+from antwort_grpc.storage.memory import MemoryStore
+
+
+def _answer(text: str) -> Completion:
+    part = pb.ContentPart(output_text=pb.OutputText(text=text))
+    return Completion([pb.Item(message=pb.Message(role=pb.Role.ROLE_ASSISTANT, content=[part]))])
+
+
+class InstantProvider:
+    """A model with no latency: `deltas` text deltas, then the end of the turn."""
+
+    def __init__(self, deltas: int, text: str) -> None:
+        self.deltas = deltas
+        self.text = text
+
+    async def stream(self, turn: TurnRequest) -> AsyncIterator[ProviderEvent]:
+        delta = TextDelta(self.text)
+        for _ in range(self.deltas):
+            yield delta
+        yield TurnEnd(FinishReason.STOP, pb.Usage(input_tokens=1, output_tokens=self.deltas))
+
+    async def complete(self, turn: TurnRequest) -> Completion:
+        return _answer(self.text * self.deltas)
+
+
+class ToolsProvider:
+    """A model with no latency that calls `calls` tools at once, then answers."""
+
+    def __init__(self, calls: int) -> None:
+        self.calls = calls
+
+    async def stream(self, turn: TurnRequest) -> AsyncIterator[ProviderEvent]:
+        if any(item.WhichOneof("kind") == "function_call_output" for item in turn.items):
+            yield TextDelta("done")
+            yield TurnEnd(FinishReason.STOP)
+            return
+        for n in range(self.calls):
+            yield ToolCallDelta(n, f'{{"n": {n}}}', call_id=new_id("call"), name="sleep")
+        yield TurnEnd(FinishReason.TOOL_CALLS)
+
+    async def complete(self, turn: TurnRequest) -> Completion:
+        raise NotImplementedError("the tools model only streams")
+
+
+class BenchTools:
+    """Server-side function tools: `sleep` waits `seconds`, `noop` returns at once."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    @property
+    def kind(self) -> int:
+        return pb.ToolKind.TOOL_KIND_SANDBOX
+
+    async def can_execute(self, tool: pb.Tool) -> bool:
+        return tool.WhichOneof("kind") == "function" and tool.function.name in ("sleep", "noop")
+
+    async def execute(self, call: pb.FunctionCall, tool: pb.Tool, progress: ProgressSink) -> pb.FunctionCallOutput:
+        if call.name == "sleep":
+            await asyncio.sleep(self.seconds)
+        return pb.FunctionCallOutput(call_id=call.call_id, output='{"ok": true}')
+
+
+def _provider(args: argparse.Namespace) -> Provider:
+    if args.provider == "instant":
+        return InstantProvider(args.deltas, args.text)
+    if args.provider == "tools":
+        return ToolsProvider(args.calls)
+    from antwort_grpc.providers.openai.config import BackendConfig
+    from antwort_grpc.providers.openai.provider import OpenAICompatProvider
+
+    return OpenAICompatProvider(BackendConfig(base_url=args.backend_url, model="bench"))
+
+
+def _executors(args: argparse.Namespace) -> list[ToolExecutor]:
+    executors: list[ToolExecutor] = [FunctionExecutor()]
+    if args.remote_executor:
+        from antwort_grpc.executors.remote import RemoteExecutor  # type: ignore[import-not-found,unused-ignore]
+
+        executors.append(RemoteExecutor(args.remote_executor))
+    else:
+        executors.append(BenchTools(args.tool_seconds))
+    return executors
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    provider = _provider(args)
+    settings = GatewaySettings(listen="127.0.0.1:0", model="bench", max_turns=50)
+    gateway = await start_gateway(settings, provider=provider, store=MemoryStore(), executors=_executors(args))
+    print(f"READY {gateway.port}", flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await gateway.stop(0)
+        close = getattr(provider, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--provider", choices=["instant", "tools", "openai"], required=True)
+    parser.add_argument("--backend-url", default="")
+    parser.add_argument("--deltas", type=int, default=1000)
+    parser.add_argument("--text", default="token ")
+    parser.add_argument("--calls", type=int, default=8)
+    parser.add_argument("--tool-seconds", type=float, default=0.2)
+    parser.add_argument("--remote-executor", default="")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s gateway %(name)s: %(message)s")
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Child processes of a benchmark run (backend, gateway, echo server) and what /proc says about them.
+
+Each child prints one line `READY <port>` once it serves. CPU time comes from /proc/<pid>/stat
+(utime + stime, all threads, including threads that already ended), memory from VmRSS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from dataclasses import dataclass
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Child:
+    name: str
+    process: asyncio.subprocess.Process
+    port: int
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def rss_bytes(self) -> int:
+        return rss_bytes(self.pid)
+
+    async def stop(self) -> None:
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.process.wait(), 15)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        # The command name (field 2) may hold spaces: count fields after its closing parenthesis.
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+async def spawn(name: str, module: str, *args: str, timeout: float = 30.0) -> Child:
+    """Start `python -m module args…` and wait for its READY line."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, *args, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL
+    )
+    assert process.stdout is not None
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                line = (await process.stdout.readline()).decode()
+                if not line:
+                    raise RuntimeError(f"{name} ({module}) exited before it was ready")
+                if line.startswith("READY "):
+                    break
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+        raise
+    # Keep draining stdout so a chatty child can never block on a full pipe.
+    asyncio.get_running_loop().create_task(_drain(process.stdout))
+    return Child(name, process, int(line.split()[1]))
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    while await stream.readline():
+        pass
+
+
+def machine() -> str:
+    """Cores, CPU model, memory, Python and kernel: what the RESULTS table calls the machine."""
+    model = "unknown CPU"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"{os.cpu_count()} cores {model}, {memory:.0f} GiB, Python {python}, Linux {os.uname().release}"
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]

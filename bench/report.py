@@ -1,0 +1,149 @@
+"""bench/RESULTS.md: the latest run as a table against the targets, and one history row per run.
+
+Only the parts between the markers are rewritten; everything else in the file is kept.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Row:
+    figure: str
+    key: str
+    what: str
+    op: str = ""  # ">=" or "<=", empty: no target
+    target: float = 0.0
+
+    def met(self, value: float | None) -> str:
+        if not self.op:
+            return ""
+        if value is None:
+            return "not run"
+        ok = value >= self.target if self.op == ">=" else value <= self.target
+        return "met" if ok else "**missed**"
+
+
+ROWS = [
+    Row("1 stream", "stream_throughput_ratio", "events/s of CreateResponse ÷ bare grpc.aio streaming", ">=", 0.8),
+    Row("1 stream", "stream_cpu_ratio", "server CPU per event: bare grpc.aio ÷ gateway"),
+    Row("1 stream", "stream_gateway_cpu_us_per_event", "gateway CPU per streamed event (µs)"),
+    Row("2 overhead", "added_latency_p50_ms", "added latency p50, non-streaming, concurrency 1 (ms)", "<=", 2),
+    Row("2 overhead", "added_latency_p99_ms", "added latency p99 (ms, all rounds pooled)"),
+    Row("2 overhead", "added_ttfe_ms", "added time to the first token event (ms)", "<=", 1),
+    Row("2 overhead", "gateway_created_event_ms", "time to the gateway's first event, `created` (ms)"),
+    Row("2 overhead", "throughput_ratio_c1", "requests/s ÷ direct, concurrency 1", ">=", 0.5),
+    Row("2 overhead", "throughput_ratio_c32", "requests/s ÷ direct, concurrency 32", ">=", 0.5),
+    Row("2 overhead", "gateway_cpu_ms_per_request", "gateway CPU per request, concurrency 1 (ms)", "<=", 2),
+    Row("2 overhead", "gateway_cpu_ms_per_request_c32", "gateway CPU per request, concurrency 32 (ms)", "<=", 2),
+    Row("3 tools", "parallel_tools_ratio", "8 tool calls of 200 ms, in-process executor: time ÷ 200 ms", "<=", 1.2),
+    Row("3 tools", "parallel_tools_ratio_remote", "the same through a ToolExecutorService over gRPC", "<=", 1.2),
+    Row("4 concurrency", "concurrency_errors", "failed or incomplete conversations (of 1,000 held open)", "<=", 0),
+    Row("4 concurrency", "concurrency_peak_open", "streams open at once (peak)"),
+    Row("4 concurrency", "rss_per_stream_kb", "gateway memory growth per open stream (KiB)", "<=", 100),
+    Row("4 concurrency", "token_lag_p99_ms", "backend writes a token → client has its event, p99 (ms)", "<=", 50),
+    Row("4 concurrency", "token_lag_p50_ms", "the same, p50 (ms)"),
+    Row("5 growth", "turn_cost_ratio_10_vs_1", "CPU of a 10-turn response ÷ 10 x a 1-turn response", "<=", 1.2),
+    Row("5 growth", "turn_cost_ratio_5_vs_1", "CPU of a 5-turn response ÷ 5 x a 1-turn response", "<=", 1.2),
+    Row("5 growth", "chain50_cost_ratio", "CPU of a request on a 50-response chain ÷ one without"),
+    Row("5 growth", "chain_growth_full_vs_half", "added CPU of the 50-chain ÷ the 25-chain (linear: 2)", "<=", 2.5),
+    Row("5 growth", "gateway_cpu_ms_per_turn", "gateway CPU of a streamed 1-turn response (ms)"),
+]
+
+HISTORY_KEYS = [
+    "stream_throughput_ratio",
+    "added_latency_p50_ms",
+    "added_ttfe_ms",
+    "gateway_cpu_ms_per_request",
+    "throughput_ratio_c1",
+    "throughput_ratio_c32",
+    "parallel_tools_ratio",
+    "concurrency_errors",
+    "rss_per_stream_kb",
+    "token_lag_p99_ms",
+    "turn_cost_ratio_10_vs_1",
+    "chain50_cost_ratio",
+]
+
+_LATEST = ("<!-- latest:begin -->", "<!-- latest:end -->")
+_HISTORY = ("<!-- history:begin -->", "<!-- history:end -->")
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def latest_table(data: dict[str, Any]) -> str:
+    details = data.get("details", {})
+    lines = [
+        f"Run of {data['date']} on **{data['machine']}**, commit `{data['commit']}`, "
+        f"load average {data.get('load_average_at_start', '?')} at the start, {data.get('duration_s', '?')} s.",
+        "",
+        "| figure | key | what | target | median | spread (min - max, runs) | |",
+        "| --- | --- | --- | ---: | ---: | --- | --- |",
+    ]
+    for row in ROWS:
+        value = data.get(row.key)
+        detail = details.get(row.key, {})
+        spread = (
+            f"{_fmt(detail.get('min'))} - {_fmt(detail.get('max'))}, {len(detail.get('runs', []))}" if detail else ""
+        )
+        target = f"{row.op} {row.target:g}" if row.op else ""
+        lines.append(
+            f"| {row.figure} | `{row.key}` | {row.what} | {target} | {_fmt(value)} | {spread} | {row.met(value)} |"
+        )
+    return "\n".join(lines)
+
+
+def history_row(data: dict[str, Any]) -> str:
+    cells = [data["date"][:16].replace("T", " "), f"`{data['commit']}`", str(data.get("load_average_at_start", ""))]
+    cells += [_fmt(data.get(k)) for k in HISTORY_KEYS]
+    return "| " + " | ".join(cells) + " |"
+
+
+def history_header() -> str:
+    names = ["date (UTC)", "commit", "load", *HISTORY_KEYS]
+    return "| " + " | ".join(names) + " |\n|" + " --- |" * len(names)
+
+
+def update(path: Path, data: dict[str, Any]) -> None:
+    text = path.read_text() if path.exists() else _skeleton()
+    text = _replace(text, _LATEST, latest_table(data))
+    begin, end = _HISTORY
+    match = re.search(re.escape(begin) + r"\n(.*?)" + re.escape(end), text, re.S)
+    rows = [line for line in (match.group(1).splitlines() if match else []) if line.startswith("| 20")]
+    rows.append(history_row(data))
+    text = _replace(text, _HISTORY, history_header() + "\n" + "\n".join(rows))
+    path.write_text(text)
+
+
+def _replace(text: str, markers: tuple[str, str], body: str) -> str:
+    begin, end = markers
+    block = f"{begin}\n{body}\n{end}"
+    if begin in text and end in text:
+        return re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+    return text.rstrip() + "\n\n" + block + "\n"
+
+
+def _skeleton() -> str:
+    latest = "\n".join(_LATEST)
+    history = "\n".join(_HISTORY)
+    return f"# Benchmark results\n\n## Latest run\n\n{latest}\n\n## History\n\n{history}\n"
+
+
+def summary(data: dict[str, Any]) -> str:
+    """The headline figures against their targets, for the terminal."""
+    lines = []
+    for row in ROWS:
+        if row.key in data:
+            target = f"{row.op} {row.target:g}" if row.op else ""
+            lines.append(f"{row.key:36} {_fmt(data[row.key]):>10}  {target:8} {row.met(data[row.key])}")
+    return "\n".join(lines)

@@ -1,0 +1,50 @@
+"""`make bench` in its tiny mode: every figure runs end to end (real processes: the fake backend,
+gateways, the echo server) and latest.json holds every key as a number. No timing is asserted:
+the figures themselves come from `make bench` on a quiet machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+KEYS = [
+    "stream_throughput_ratio",
+    "added_latency_p50_ms",
+    "added_latency_p99_ms",
+    "added_ttfe_ms",
+    "gateway_cpu_ms_per_request",
+    "throughput_ratio_c1",
+    "throughput_ratio_c32",
+    "parallel_tools_ratio",
+    "concurrency_errors",
+    "rss_per_stream_kb",
+    "token_lag_p99_ms",
+    "turn_cost_ratio_10_vs_1",
+    "chain50_cost_ratio",
+]
+
+
+def test_tiny_bench_runs_every_figure_and_writes_every_key(tmp_path: Path) -> None:
+    report = ROOT / "bench" / "RESULTS.md"
+    before = report.read_text() if report.exists() else None
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--tiny", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    data = json.loads((tmp_path / "latest.json").read_text())
+    for key in KEYS:
+        assert isinstance(data[key], int | float), f"{key}: {data.get(key)!r}"
+    assert data["concurrency_errors"] == 0
+    for key in ("date", "machine", "commit"):
+        assert isinstance(data[key], str) and data[key], key
+    assert data["scale"] == "tiny"
+    # A tiny run never touches the table of real figures.
+    assert (report.read_text() if report.exists() else None) == before
