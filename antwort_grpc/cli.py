@@ -56,16 +56,9 @@ def _serve(args: argparse.Namespace) -> int:
 def _migrate(args: argparse.Namespace) -> int:
     settings = GatewaySettings(**_overrides(args, ["store", "data_dir"]))
     _logging(settings.log_level)
-    from antwort_grpc.storage.factory import open_store
+    from antwort_grpc.storage.factory import migrate
 
-    async def run() -> None:
-        store = await open_store(settings.store, settings.data_dir)
-        close = getattr(store, "close", None)
-        if close is not None:
-            await close()
-
-    asyncio.run(run())
-    print(f"store {settings.store or 'sqlite (default)'} is migrated")
+    print(asyncio.run(migrate(settings.store, settings.data_dir)))
     return 0
 
 

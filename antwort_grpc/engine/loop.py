@@ -96,7 +96,7 @@ class Engine:
         every failure ends the stream in-band with a terminal event."""
         run = await self._prepare(request, owner)
         emitter = ResponseEmitter(run.response)
-        handle = self.runs.start(run.response)
+        handle = self.runs.start(run.response, run.owner)
         if timeout is not None:
             loop = asyncio.get_running_loop()
             # Stop a little early so the failed event still reaches the client in time.
@@ -104,9 +104,11 @@ class Engine:
             current_deadline.set(loop.time() + timeout)
         finished = False
         try:
+            # Stored before the client learns the id: from then on any replica can read or cancel
+            # it, and a crash leaves it to be found and marked interrupted.
+            await self._save(run)
             yield emitter.created()
             yield emitter.in_progress()
-            await self._save(run)
             try:
                 async for event in self._turns(run, emitter, handle):
                     yield event

@@ -17,12 +17,14 @@ from antwort_grpc import pb
 
 
 class RunHandle:
-    __slots__ = ("_timer", "done", "interruptible", "reason", "response", "task")
+    __slots__ = ("_timer", "done", "interruptible", "owner", "reason", "response", "task")
 
-    def __init__(self, response: pb.Response, task: asyncio.Task[object] | None) -> None:
+    def __init__(self, response: pb.Response, task: asyncio.Task[object] | None, owner: str = "") -> None:
         # The live Response being built (also for store=false responses, which are never saved).
         self.response = response
         self.task = task
+        # Who started it: only they may read or cancel it.
+        self.owner = owner
         self.done = asyncio.Event()
         # "cancelled" or "deadline" once a stop was asked for.
         self.reason = ""
@@ -65,8 +67,8 @@ class RunRegistry:
     def __init__(self) -> None:
         self._runs: dict[str, RunHandle] = {}
 
-    def start(self, response: pb.Response) -> RunHandle:
-        handle = RunHandle(response, asyncio.current_task())
+    def start(self, response: pb.Response, owner: str = "") -> RunHandle:
+        handle = RunHandle(response, asyncio.current_task(), owner)
         self._runs[response.id] = handle
         return handle
 
@@ -75,8 +77,12 @@ class RunRegistry:
         self._runs.pop(handle.response_id, None)
         handle.done.set()
 
-    def get(self, response_id: str) -> RunHandle | None:
-        return self._runs.get(response_id)
+    def get(self, response_id: str, owner: str | None = None) -> RunHandle | None:
+        """The run, if it runs here (and, when `owner` is given, belongs to them)."""
+        handle = self._runs.get(response_id)
+        if handle is None or (owner is not None and handle.owner != owner):
+            return None
+        return handle
 
     def stop(self, response_id: str, reason: str = "cancelled") -> bool:
         handle = self._runs.get(response_id)

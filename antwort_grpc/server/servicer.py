@@ -14,7 +14,7 @@ from antwort_grpc.engine import Engine
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument, not_found
 from antwort_grpc.server.errors import abort
 from antwort_grpc.server.validation import validate_create
-from antwort_grpc.storage.base import ResponseStore
+from antwort_grpc.storage.base import RUNNING, CancelSignals, ResponseStore, StoredResponse
 
 # grpc ships no type information: the servicer context is untyped.
 Context: TypeAlias = Any
@@ -22,6 +22,8 @@ S = pb.ResponseStatus
 
 # How long CancelResponse waits for the stopped response to be stored.
 CANCEL_WAIT = 10.0
+# Polling the store for the end of a response cancelled on another replica: first and longest gap.
+CANCEL_POLL = (0.01, 0.2)
 
 
 def owner_of(context: Context) -> str:
@@ -59,9 +61,10 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
 
     async def GetResponse(self, request: pb.GetResponseRequest, context: Context) -> pb.GetResponseResponse:
         response_id = await _required_id(request.response_id, context)
-        record = await self.store.get(response_id, owner_of(context))
+        owner = owner_of(context)
+        record = await self.store.get(response_id, owner)
         if record is None:
-            running = self.engine.runs.get(response_id)
+            running = self.engine.runs.get(response_id, owner)
             if running is None:
                 await abort(context, not_found("response", response_id, "response_id"))
                 raise AssertionError("unreachable")
@@ -77,7 +80,7 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
     async def CancelResponse(self, request: pb.CancelResponseRequest, context: Context) -> pb.CancelResponseResponse:
         response_id = await _required_id(request.response_id, context)
         owner = owner_of(context)
-        handle = self.engine.runs.get(response_id)
+        handle = self.engine.runs.get(response_id, owner)
         if handle is not None:
             handle.stop("cancelled")
             with contextlib.suppress(TimeoutError):
@@ -89,15 +92,23 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
         if record is None:
             await abort(context, not_found("response", response_id, "response_id"))
             raise AssertionError("unreachable")
+        signals = self.store if isinstance(self.store, CancelSignals) else None
+        # It runs on another replica: the store carries the request there; wait for its end.
+        if record.response.status in RUNNING and signals and await signals.request_cancel(response_id, owner):
+            ended = await self._await_end(response_id, owner)
+            if ended is not None and ended.response.status not in RUNNING:
+                # Cancelled, or ended some other way while the request travelled.
+                return pb.CancelResponseResponse(response=ended.response)
         status = record.response.status
         if status == S.RESPONSE_STATUS_CANCELLED:
             return pb.CancelResponseResponse(response=record.response)
-        if status in (S.RESPONSE_STATUS_IN_PROGRESS, S.RESPONSE_STATUS_QUEUED):
+        if status in RUNNING:
             await abort(
                 context,
                 RequestError(
                     grpc.StatusCode.UNAVAILABLE,
-                    f"response {response_id!r} runs on another gateway replica that cannot be reached",
+                    f"response {response_id!r} runs on another gateway replica that did not stop it "
+                    f"within {CANCEL_WAIT:.0f}s",
                     reason="cancel_unreachable",
                 ),
             )
@@ -111,6 +122,20 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
             ),
         )
         raise AssertionError("unreachable")
+
+    async def _await_end(self, response_id: str, owner: str) -> StoredResponse | None:
+        """The stored response once it has left the running statuses (or as it is at the timeout)."""
+        delay, longest = CANCEL_POLL
+        record = None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CANCEL_WAIT):
+                while True:
+                    record = await self.store.get(response_id, owner)
+                    if record is None or record.response.status not in RUNNING:
+                        return record
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, longest)
+        return record
 
     async def ListInputItems(self, request: pb.ListInputItemsRequest, context: Context) -> pb.ListInputItemsResponse:
         response_id = await _required_id(request.response_id, context)

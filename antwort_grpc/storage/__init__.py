@@ -1,1 +1,3 @@
-"""Response storage: the ResponseStore protocol and its implementations."""
+"""Response storage: the ResponseStore protocol (base.py) and its implementations: memory,
+SQLite (the embedded default) and PostgreSQL (shared by gateway replicas). factory.py opens the
+one ANTWORT_STORE names; docs/storage.md explains the choices."""

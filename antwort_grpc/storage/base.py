@@ -12,6 +12,12 @@ from typing import Protocol, runtime_checkable
 
 from antwort_grpc import pb
 
+S = pb.ResponseStatus
+# Statuses of a response some gateway process is still working on.
+RUNNING: frozenset[int] = frozenset({S.RESPONSE_STATUS_QUEUED, S.RESPONSE_STATUS_IN_PROGRESS})
+# The error code of a response whose gateway process stopped while it ran.
+INTERRUPTED = "interrupted"
+
 
 @dataclass(slots=True)
 class StoredResponse:
@@ -30,7 +36,8 @@ class ItemPage:
 
 class ResponseStore(Protocol):
     async def save(self, record: StoredResponse) -> None:
-        """Insert or replace (by response id)."""
+        """Insert or replace (by response id). A save never takes a response back from a final
+        status to a running one: a late in-progress write cannot undo the end."""
         ...
 
     async def get(self, response_id: str, owner: str = "") -> StoredResponse | None: ...
@@ -44,44 +51,25 @@ class ResponseStore(Protocol):
         ...
 
 
-# -- What durable stores add, as separate small protocols (a caller checks with isinstance). ------
-
-
 @runtime_checkable
 class CancelSignals(Protocol):
-    """Cancel a response wherever it runs: on this process or on another gateway replica."""
+    """Cancel a response wherever it runs: in this process or on another gateway replica."""
 
-    async def request_cancel(self, response_id: str) -> bool:
+    async def request_cancel(self, response_id: str, owner: str = "") -> bool:
         """Ask the process running the response to stop it. False when no such response is in
-        progress (unknown, expired, or already ended)."""
+        progress (unknown, another owner's, or already ended)."""
         ...
 
-    def on_cancel(self, callback: Callable[[str], None]) -> None:
-        """Call `callback(response_id)` (on the event loop) for every cancel requested for a
-        response this process runs. Delivery may repeat; stopping is idempotent."""
-        ...
-
-
-@runtime_checkable
-class Recovery(Protocol):
-    """Responses left in progress by a gateway process that died."""
-
-    async def mark_interrupted(self) -> int:
-        """Mark them FAILED with error code `interrupted`; how many were marked."""
-        ...
-
-
-@runtime_checkable
-class Retention(Protocol):
-    async def purge_expired(self) -> int:
-        """Delete responses whose TTL has passed; how many were deleted."""
+    def on_cancel(self, callback: Callable[[str], object]) -> Callable[[], None]:
+        """Call `callback(response_id)` on the event loop for every cancel requested for a
+        response this process runs; returns the function that unsubscribes. Delivery may
+        repeat: stopping must be idempotent."""
         ...
 
 
 @runtime_checkable
 class Closable(Protocol):
-    async def close(self) -> None: ...
-
-
-# The error code of a response whose gateway process died while it ran.
-INTERRUPTED = "interrupted"
+    async def close(self) -> None:
+        """Stop background work and release the database. What this process still ran is
+        marked FAILED/interrupted: nothing will finish it."""
+        ...

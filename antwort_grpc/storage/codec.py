@@ -7,12 +7,12 @@ import time
 from dataclasses import dataclass
 
 from antwort_grpc import pb
-from antwort_grpc.storage.base import INTERRUPTED, StoredResponse
+from antwort_grpc.storage.base import INTERRUPTED, RUNNING, ItemPage, StoredResponse
 from antwort_grpc.storage.options import StoreOptions
 
-S = pb.ResponseStatus
-# Statuses of a response some gateway process is still working on.
-RUNNING = (S.RESPONSE_STATUS_QUEUED, S.RESPONSE_STATUS_IN_PROGRESS)
+# The running statuses as an SQL list, so queries match the partial indexes of migrations.py.
+RUNNING_SQL = "(" + ", ".join(str(s) for s in sorted(RUNNING)) + ")"
+FAILED = int(pb.ResponseStatus.RESPONSE_STATUS_FAILED)
 _LENGTH = 4
 
 
@@ -30,7 +30,8 @@ class Row:
 
 def to_row(record: StoredResponse, options: StoreOptions) -> Row:
     response = record.response
-    created = response.created_at.ToNanoseconds() / 1e9 if response.HasField("created_at") else options.clock()
+    now = options.clock()
+    created = response.created_at.ToNanoseconds() / 1e9 if response.HasField("created_at") else now
     return Row(
         id=response.id,
         owner=record.owner,
@@ -38,7 +39,7 @@ def to_row(record: StoredResponse, options: StoreOptions) -> Row:
         previous_response_id=response.previous_response_id,
         created_at=created,
         # The TTL runs from the last save: a response is kept that long after it ended.
-        expires_at=options.expires_at(options.clock()),
+        expires_at=options.expires_at(now),
         response=response.SerializeToString(),
         input_items=encode_items(record.input_items),
     )
@@ -70,14 +71,34 @@ def decode_items(data: bytes) -> list[pb.Item]:
     return items
 
 
-def interrupted(response: bytes) -> bytes:
-    """The response as FAILED/interrupted: what is left of one whose gateway process died."""
-    message = pb.Response.FromString(response)
-    message.status = S.RESPONSE_STATUS_FAILED
-    message.error.code = INTERRUPTED
-    message.error.message = "the gateway process running this response stopped before it finished"
-    message.completed_at.FromNanoseconds(time.time_ns())
-    for item in message.output:
+def mark_interrupted(response: pb.Response) -> None:
+    """What is left of a response whose gateway process stopped: FAILED/interrupted, with the
+    output it had at its last save and unfinished items marked incomplete."""
+    response.status = pb.ResponseStatus.RESPONSE_STATUS_FAILED
+    response.error.code = INTERRUPTED
+    response.error.message = "the gateway process running this response stopped before it finished"
+    response.completed_at.FromNanoseconds(time.time_ns())
+    for item in response.output:
         if item.status == pb.ItemStatus.ITEM_STATUS_IN_PROGRESS:
             item.status = pb.ItemStatus.ITEM_STATUS_INCOMPLETE
+
+
+def interrupted(response: bytes) -> bytes:
+    message = pb.Response.FromString(response)
+    mark_interrupted(message)
     return message.SerializeToString()
+
+
+def page_items(items: list[pb.Item], *, limit: int, after: str, descending: bool) -> ItemPage:
+    """Cursor pagination over a response's input items (stored whole, so paged in memory).
+    An `after` id that is not among the items gives an empty page."""
+    ordered = list(reversed(items)) if descending else items
+    start = 0
+    if after:
+        for i, item in enumerate(ordered):
+            if item.id == after:
+                start = i + 1
+                break
+        else:
+            return ItemPage([], False)
+    return ItemPage(ordered[start : start + limit], start + limit < len(ordered))

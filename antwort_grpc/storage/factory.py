@@ -5,7 +5,7 @@
 - `postgresql://user:pw@host:port/db` (or `postgres://`): shared by gateway replicas;
 - empty: SQLite at `<data_dir>/antwort.db` (the directory is created).
 
-Every store returned is also Closable, Recovery, Retention and CancelSignals (storage.base).
+Every store returned is also CancelSignals and Closable (storage.base).
 """
 
 from __future__ import annotations
@@ -39,17 +39,45 @@ def sqlite_path(url: str, data_dir: Path) -> Path | None:
     return None
 
 
+def _is_postgres(url: str) -> bool:
+    return url.startswith(("postgresql://", "postgres://"))
+
+
+def _is_memory(url: str) -> bool:
+    return url in ("memory", "memory://")
+
+
+def _unsupported(url: str) -> ValueError:
+    return ValueError(f"unsupported store {url!r}: use memory, sqlite:///path/file.db or postgresql://…")
+
+
 async def open_store(url: str, data_dir: Path, options: StoreOptions | None = None) -> ResponseStore:
     options = options or StoreOptions()
-    if url in ("memory", "memory://"):
+    if _is_memory(url):
         return MemoryStore(options)
     path = sqlite_path(url, data_dir)
     if path is not None:
         from antwort_grpc.storage.sqlite import SQLiteStore
 
         return await SQLiteStore.open(path, options)
-    if url.startswith(("postgresql://", "postgres://")):
+    if _is_postgres(url):
         from antwort_grpc.storage.postgres import PostgresStore
 
         return await PostgresStore.open(url, options)
-    raise ValueError(f"unsupported store {url!r}: use memory, sqlite:///path/file.db or postgresql://…")
+    raise _unsupported(url)
+
+
+async def migrate(url: str, data_dir: Path) -> str:
+    """Apply the schema migrations of the store a URL names, and nothing else; what was done."""
+    if _is_memory(url):
+        return "the memory store has no schema"
+    path = sqlite_path(url, data_dir)
+    if path is not None:
+        from antwort_grpc.storage.sqlite import migrate_file
+
+        return f"{path}: schema version {migrate_file(path)}"
+    if _is_postgres(url):
+        from antwort_grpc.storage.postgres import migrate_database
+
+        return f"PostgreSQL: schema version {await migrate_database(url)}"
+    raise _unsupported(url)

@@ -1,5 +1,4 @@
-"""Background work of a store: one task that runs its periodic steps, and the in-process cancel
-callbacks the single-process stores share."""
+"""What the stores share besides rows: the periodic upkeep task and the cancel subscribers."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ Step = Callable[[], Awaitable[object]]
 
 def run_every(interval: float, steps: list[Step], name: str) -> asyncio.Task[None]:
     """Run the steps in order every `interval` seconds until cancelled. A failing step is logged
-    and retried next time: a database blip must not end the heartbeat or the purge for good."""
+    and retried next time: a database blip must not end the sweep or the purge for good."""
 
     async def loop() -> None:
         while True:
@@ -23,8 +22,6 @@ def run_every(interval: float, steps: list[Step], name: str) -> asyncio.Task[Non
             for step in steps:
                 try:
                     await step()
-                except asyncio.CancelledError:
-                    raise
                 except Exception:
                     log.exception("%s: periodic step %s failed", name, getattr(step, "__name__", step))
 
@@ -43,13 +40,19 @@ class CancelCallbacks:
     """Who to tell about a cancel request."""
 
     def __init__(self) -> None:
-        self._callbacks: list[Callable[[str], None]] = []
+        self._callbacks: list[Callable[[str], object]] = []
 
-    def add(self, callback: Callable[[str], None]) -> None:
+    def add(self, callback: Callable[[str], object]) -> Callable[[], None]:
         self._callbacks.append(callback)
 
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._callbacks.remove(callback)
+
+        return remove
+
     def deliver(self, response_id: str) -> None:
-        for callback in self._callbacks:
+        for callback in list(self._callbacks):
             try:
                 callback(response_id)
             except Exception:

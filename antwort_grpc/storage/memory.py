@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from antwort_grpc import pb
-from antwort_grpc.storage.base import ItemPage, StoredResponse
-from antwort_grpc.storage.codec import RUNNING, interrupted
+from antwort_grpc.storage.base import RUNNING, ItemPage, StoredResponse
+from antwort_grpc.storage.codec import mark_interrupted, page_items
 from antwort_grpc.storage.maintenance import CancelCallbacks
 from antwort_grpc.storage.options import StoreOptions
 
@@ -21,7 +21,8 @@ class _Entry:
 
 @dataclass(slots=True)
 class MemoryDatabase:
-    """What a MemoryStore keeps; several stores may share one, as replicas share a database."""
+    """What MemoryStores keep. Tests share one between stores to model a database that outlives
+    the process using it (reopen after close) or that several gateways use."""
 
     entries: dict[str, _Entry] = field(default_factory=dict)
 
@@ -37,13 +38,11 @@ class MemoryStore:
         return self.database.entries
 
     async def save(self, record: StoredResponse) -> None:
-        # Copy so later mutation of the caller's Response cannot change what is stored.
-        response = pb.Response()
-        response.CopyFrom(record.response)
-        self._entries[response.id] = _Entry(
-            StoredResponse(response, list(record.input_items), record.owner),
-            self.options.instance_id,
-            self.options.expires_at(self.options.clock()),
+        old = self._entries.get(record.response.id)
+        if old is not None and old.record.response.status not in RUNNING and record.response.status in RUNNING:
+            return
+        self._entries[record.response.id] = _Entry(
+            _copy(record), self.options.instance_id, self.options.expires_at(self.options.clock())
         )
 
     def _live(self, response_id: str, owner: str) -> _Entry | None:
@@ -57,7 +56,8 @@ class MemoryStore:
 
     async def get(self, response_id: str, owner: str = "") -> StoredResponse | None:
         entry = self._live(response_id, owner)
-        return None if entry is None else entry.record
+        # A copy, as a database would give: callers may change what they read.
+        return None if entry is None else _copy(entry.record)
 
     async def delete(self, response_id: str, owner: str = "") -> bool:
         if self._live(response_id, owner) is None:
@@ -68,20 +68,10 @@ class MemoryStore:
     async def list_input_items(
         self, response_id: str, *, limit: int, after: str, descending: bool, owner: str = ""
     ) -> ItemPage | None:
-        record = await self.get(response_id, owner)
-        if record is None:
+        entry = self._live(response_id, owner)
+        if entry is None:
             return None
-        return page_items(record.input_items, limit=limit, after=after, descending=descending)
-
-    async def mark_interrupted(self) -> int:
-        """Entries another (dead) store instance left running: nothing else shares this memory."""
-        marked = 0
-        for entry in self._entries.values():
-            response = entry.record.response
-            if response.status in RUNNING and entry.instance != self.options.instance_id:
-                entry.record.response = pb.Response.FromString(interrupted(response.SerializeToString()))
-                marked += 1
-        return marked
+        return page_items(entry.record.input_items, limit=limit, after=after, descending=descending)
 
     async def purge_expired(self) -> int:
         expired = [
@@ -93,30 +83,28 @@ class MemoryStore:
             del self._entries[key]
         return len(expired)
 
-    async def request_cancel(self, response_id: str) -> bool:
-        entry = self._entries.get(response_id)
-        if entry is None or self._expired(entry) or entry.record.response.status not in RUNNING:
+    async def request_cancel(self, response_id: str, owner: str = "") -> bool:
+        entry = self._live(response_id, owner)
+        if entry is None or entry.record.response.status not in RUNNING:
             return False
         self._cancels.deliver(response_id)
         return True
 
-    def on_cancel(self, callback: Callable[[str], None]) -> None:
-        self._cancels.add(callback)
+    def on_cancel(self, callback: Callable[[str], object]) -> Callable[[], None]:
+        return self._cancels.add(callback)
 
     async def close(self) -> None:
-        return None
+        for entry in self._entries.values():
+            if entry.instance == self.options.instance_id and entry.record.response.status in RUNNING:
+                mark_interrupted(entry.record.response)
 
 
-def page_items(items: list[pb.Item], *, limit: int, after: str, descending: bool) -> ItemPage:
-    """Cursor pagination over an ordered item list (shared by stores that keep items whole)."""
-    ordered = list(reversed(items)) if descending else items
-    start = 0
-    if after:
-        for i, item in enumerate(ordered):
-            if item.id == after:
-                start = i + 1
-                break
-        else:
-            return ItemPage([], False)
-    chunk = ordered[start : start + limit]
-    return ItemPage(chunk, start + limit < len(ordered))
+def _copy(record: StoredResponse) -> StoredResponse:
+    response = pb.Response()
+    response.CopyFrom(record.response)
+    items = []
+    for item in record.input_items:
+        copy = pb.Item()
+        copy.CopyFrom(item)
+        items.append(copy)
+    return StoredResponse(response, items, record.owner)

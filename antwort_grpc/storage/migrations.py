@@ -1,17 +1,24 @@
 """Schema versions of the durable stores. Append a version; never edit one that has shipped.
 
-SQLite records its version in `PRAGMA user_version`, PostgreSQL in antwort_schema_migrations,
-under an advisory lock so replicas starting together migrate once.
+SQLite records its version in `PRAGMA user_version`, PostgreSQL in antwort_schema_migrations.
+Both apply the missing versions inside one write transaction that first reads the version, so
+two processes migrating at once (replicas starting together, `antwort-grpc migrate` next to a
+gateway) apply each version exactly once.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-# Statuses QUEUED and IN_PROGRESS (pb.ResponseStatus), inlined so the partial indexes match queries.
-RUNNING_SQL = "(1, 2)"
+from antwort_grpc.storage.codec import RUNNING_SQL
 
+if TYPE_CHECKING:
+    import asyncpg
+    from asyncpg.pool import PoolConnectionProxy
+
+# The response and its input items are protobuf bytes; the other columns are what queries filter
+# on. The partial index on running rows serves the interrupted-response sweep and the cancel poll.
 SQLITE: list[tuple[str, ...]] = [
     (
         """CREATE TABLE antwort_responses (
@@ -21,14 +28,11 @@ SQLITE: list[tuple[str, ...]] = [
             previous_response_id TEXT NOT NULL,
             created_at REAL NOT NULL,
             expires_at REAL,
-            instance TEXT NOT NULL,
             response BLOB NOT NULL,
             input_items BLOB NOT NULL
         )""",
-        f"CREATE INDEX antwort_responses_running ON antwort_responses (instance) WHERE status IN {RUNNING_SQL}",
+        f"CREATE INDEX antwort_responses_running ON antwort_responses (id) WHERE status IN {RUNNING_SQL}",
         "CREATE INDEX antwort_responses_expiry ON antwort_responses (expires_at) WHERE expires_at IS NOT NULL",
-        "CREATE INDEX antwort_responses_previous ON antwort_responses (previous_response_id)",
-        "CREATE INDEX antwort_responses_owner ON antwort_responses (owner, created_at)",
     ),
 ]
 
@@ -48,38 +52,32 @@ POSTGRES: list[tuple[str, ...]] = [
         )""",
         f"CREATE INDEX antwort_responses_running ON antwort_responses (instance) WHERE status IN {RUNNING_SQL}",
         "CREATE INDEX antwort_responses_expiry ON antwort_responses (expires_at) WHERE expires_at IS NOT NULL",
-        "CREATE INDEX antwort_responses_previous ON antwort_responses (previous_response_id)",
-        "CREATE INDEX antwort_responses_owner ON antwort_responses (owner, created_at)",
-        """CREATE TABLE antwort_instances (
-            id TEXT PRIMARY KEY,
-            started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-            heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now()
-        )""",
     ),
 ]
 
-# Any constant: serializes migrations between replicas starting at the same time.
+# Any constant: serializes migrations between processes starting at the same time.
 _PG_LOCK = 0x616E7477
 
 
 def migrate_sqlite(conn: sqlite3.Connection) -> int:
-    """Apply the missing versions; the version reached. Runs on the writer thread."""
-    current = int(conn.execute("PRAGMA user_version").fetchone()[0])
-    for version, statements in enumerate(SQLITE[current:], start=current + 1):
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+    """Apply the missing versions; the version reached. `conn` is in autocommit mode
+    (isolation_level=None)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        current = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        for version, statements in enumerate(SQLITE[current:], start=current + 1):
             for statement in statements:
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {version}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
     return len(SQLITE)
 
 
-async def migrate_postgres(conn: Any) -> int:
-    """Apply the missing versions in one transaction; the version reached. `conn`: asyncpg."""
+async def migrate_postgres(conn: asyncpg.Connection[Any] | PoolConnectionProxy[Any]) -> int:
+    """Apply the missing versions in one transaction; the version reached."""
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _PG_LOCK)
         await conn.execute(

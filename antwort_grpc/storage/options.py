@@ -1,4 +1,4 @@
-"""Settings every store shares: retention, liveness of gateway processes, the clock."""
+"""Settings every store shares: retention, upkeep, the identity of this process, the clock."""
 
 from __future__ import annotations
 
@@ -18,17 +18,12 @@ def new_instance_id() -> str:
 class StoreOptions:
     # Seconds after its last save when a stored response is removed; None keeps it forever.
     ttl_seconds: float | None = None
-    # Seconds between the background passes: heartbeat, orphan sweep, purge, cancel-flag poll.
+    # Seconds between the background passes: TTL purge; with PostgreSQL also the sweep for
+    # responses of dead replicas, the cancel-flag poll and reconnecting the session.
     maintenance_interval: float = 5.0
-    # A replica whose heartbeat is older than this many intervals is taken as dead (PostgreSQL).
-    stale_intervals: float = 3.0
     instance_id: str = field(default_factory=new_instance_id)
     # Wall-clock seconds; tests pass a fake one to expire responses without waiting.
     clock: Callable[[], float] = time.time
-
-    @property
-    def stale_after(self) -> float:
-        return self.maintenance_interval * self.stale_intervals
 
     def expires_at(self, saved_at: float) -> float | None:
         return None if self.ttl_seconds is None else saved_at + self.ttl_seconds

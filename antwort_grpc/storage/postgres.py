@@ -1,14 +1,22 @@
 """The store for replicas: PostgreSQL through an asyncpg pool.
 
-Which process runs a response: each gateway registers an instance row and beats its heartbeat
-every maintenance interval; a running response records the instance that saved it. A response is
-orphaned when its instance is gone or silent for `stale_after` seconds; every replica sweeps
-orphans (at startup and periodically) to FAILED/interrupted.
+Which replicas are alive: besides its pool, every gateway keeps one session connection of its
+own and holds a session-level advisory lock keyed by its instance id there. PostgreSQL releases
+that lock the moment the session ends: when the process exits, when it dies (the kernel closes
+its sockets on kill -9, OOM kill, crash), or when TCP keepalives find its host gone. A running
+response records the instance that saved it. Every replica sweeps (at startup and every
+maintenance interval): for each instance with running responses it tries that instance's lock,
+and if it gets it, nobody holds it, so the instance is gone and its running responses are marked
+FAILED/interrupted. A live replica is never swept however long its responses run; no clocks or
+heartbeats are compared.
 
 Cancel across replicas: CancelResponse on any replica sets the row's cancel flag and sends a
-NOTIFY in the same transaction; the running replica LISTENs and stops the response at once. The
-flag is polled every maintenance interval too, so a notification lost while the listening
-connection reconnects still arrives, late.
+NOTIFY in the same transaction; the running replica LISTENs on its session connection and stops
+the response at once. The flag is polled every maintenance interval too, so a notification lost
+while the session reconnects still arrives, late.
+
+The session connection must be a real session: through a pooler in transaction mode
+(PgBouncer's default) neither the lock nor LISTEN works.
 """
 
 from __future__ import annotations
@@ -17,42 +25,55 @@ import asyncio
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import asyncpg
 
-from antwort_grpc import pb
 from antwort_grpc.storage.base import ItemPage, StoredResponse
-from antwort_grpc.storage.codec import from_row, interrupted, to_row
+from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, from_row, interrupted, page_items, to_row
 from antwort_grpc.storage.maintenance import CancelCallbacks, run_every, stop_task
-from antwort_grpc.storage.memory import page_items
-from antwort_grpc.storage.migrations import RUNNING_SQL, migrate_postgres
+from antwort_grpc.storage.migrations import migrate_postgres
 from antwort_grpc.storage.options import StoreOptions
+
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
+    Pool = asyncpg.Pool[asyncpg.Record]
+    Connection = asyncpg.Connection[asyncpg.Record]
+    AnyConnection = Connection | PoolConnectionProxy[asyncpg.Record]
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "antwort_cancel"
+# The advisory lock of an instance: a 64-bit hash of its id.
+LOCK_KEY = "hashtextextended($1, 0)"
+# On the session connection: the server notices a vanished host within about 25 s, not the
+# kernel's default of two hours, and releases its lock.
+KEEPALIVES = {"tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5", "tcp_keepalives_count": "3"}
+
 _LIVE = "(expires_at IS NULL OR expires_at > $3)"
-_UPSERT = """INSERT INTO antwort_responses
+# The WHERE keeps a late in-progress write from taking an ended response back to running.
+_UPSERT = f"""INSERT INTO antwort_responses
     (id, owner, status, previous_response_id, created_at, expires_at, instance, response, input_items)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
     ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, status = excluded.status,
         previous_response_id = excluded.previous_response_id, created_at = excluded.created_at,
         expires_at = excluded.expires_at, instance = excluded.instance, response = excluded.response,
-        input_items = excluded.input_items"""
-_ORPHANS = f"""SELECT r.id, r.response FROM antwort_responses r
-    WHERE r.status IN {RUNNING_SQL} AND r.instance <> $1
-      AND NOT EXISTS (SELECT 1 FROM antwort_instances i
-                      WHERE i.id = r.instance AND i.heartbeat_at > now() - make_interval(secs => $2))
-    FOR UPDATE OF r SKIP LOCKED"""
-
-if TYPE_CHECKING:
-    Pool = asyncpg.Pool[Any]
-    Connection = asyncpg.Connection[Any]
+        input_items = excluded.input_items
+    WHERE antwort_responses.status IN {RUNNING_SQL} OR excluded.status NOT IN {RUNNING_SQL}"""
 
 
 def _ts(seconds: float | None) -> datetime | None:
     return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
+
+
+async def migrate_database(url: str) -> int:
+    """Apply the schema migrations (`antwort-grpc migrate`); the version reached."""
+    conn = await asyncpg.connect(url)
+    try:
+        return await migrate_postgres(conn)
+    finally:
+        await conn.close()
 
 
 class PostgresStore:
@@ -61,38 +82,42 @@ class PostgresStore:
         self.pool = pool
         self.options = options
         self._cancels = CancelCallbacks()
-        self._listener: Connection | None = None
+        self._session: Connection | None = None
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, url: str, options: StoreOptions | None = None, *, pool_size: int = 10) -> PostgresStore:
-        """Connect, migrate, register this instance, sweep orphans, listen for cancels."""
+        """Connect, migrate, take this instance's lock and listen, sweep, start the upkeep."""
         options = options or StoreOptions()
         pool = await asyncpg.create_pool(url, min_size=1, max_size=pool_size)
         store = cls(url, pool, options)
         try:
             async with pool.acquire() as conn:
                 await migrate_postgres(conn)
-            await store.heartbeat()
-            await store._listen()
+            await store._ensure_session()
             marked = await store.mark_interrupted()
             if marked:
                 log.warning("marked %d responses interrupted: their gateway replicas stopped", marked)
-            await store.purge_expired()
+            if options.ttl_seconds is not None:
+                await store.purge_expired()
         except BaseException:
+            await store._close_session()
             await pool.close()
             raise
-        steps = [store.heartbeat, store._listen, store.mark_interrupted, store.purge_expired, store.poll_cancels]
-        store._task = run_every(options.maintenance_interval, list(steps), "postgres-store-maintenance")
+        steps = [store._ensure_session, store.mark_interrupted, store.poll_cancels]
+        if options.ttl_seconds is not None:
+            steps.append(store.purge_expired)
+        store._task = run_every(options.maintenance_interval, list(steps), "postgres-store-upkeep")
         return store
 
     async def close(self) -> None:
         await stop_task(self._task)
-        if self._listener is not None and not self._listener.is_closed():
-            await self._listener.close()
-        # Leaving says "nothing of mine still runs": survivors may sweep at once.
-        await self.pool.execute("DELETE FROM antwort_instances WHERE id = $1", self.options.instance_id)
-        await self.pool.close()
+        try:
+            async with self.pool.acquire() as conn, conn.transaction():
+                await _mark_instance(conn, self.options.instance_id)
+        finally:
+            await self._close_session()
+            await self.pool.close()
 
     # -- ResponseStore ------------------------------------------------------------------------
 
@@ -137,31 +162,44 @@ class PostgresStore:
             return None
         return page_items(record.input_items, limit=limit, after=after, descending=descending)
 
-    # -- liveness and Recovery ----------------------------------------------------------------
+    # -- liveness and the sweep -----------------------------------------------------------------
 
-    async def heartbeat(self) -> None:
-        await self.pool.execute(
-            """INSERT INTO antwort_instances (id) VALUES ($1)
-               ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()""",
-            self.options.instance_id,
-        )
+    async def _ensure_session(self) -> None:
+        """(Re)open the session connection: this instance's lock and the cancel listener."""
+        if self._session is not None and not self._session.is_closed():
+            return
+        reconnect = self._session is not None
+        conn: Connection = await asyncpg.connect(self.url, server_settings=KEEPALIVES)
+        try:
+            # Waits only while a sweeper holds it for a moment (after this session was lost).
+            await conn.execute(f"SELECT pg_advisory_lock({LOCK_KEY})", self.options.instance_id)
+            await conn.add_listener(CHANNEL, self._notified)
+        except BaseException:
+            await conn.close()
+            raise
+        self._session = conn
+        if reconnect:
+            log.warning("store session reconnected; cancels sent meanwhile arrive through the flag poll")
+            await self.poll_cancels()
+
+    async def _close_session(self) -> None:
+        if self._session is not None and not self._session.is_closed():
+            await self._session.close()
 
     async def mark_interrupted(self) -> int:
-        """Running rows of instances that left or went silent; never this instance's own."""
-        stale = self.options.stale_after
-        failed = int(pb.ResponseStatus.RESPONSE_STATUS_FAILED)
-        async with self.pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(_ORPHANS, self.options.instance_id, stale)
-            await conn.executemany(
-                "UPDATE antwort_responses SET status = $2, response = $3 WHERE id = $1",
-                [(row["id"], failed, interrupted(row["response"])) for row in rows],
+        """Mark the running responses of every instance whose lock is free; how many."""
+        marked = 0
+        async with self.pool.acquire() as conn:
+            instances = await conn.fetch(
+                f"SELECT DISTINCT instance FROM antwort_responses WHERE status IN {RUNNING_SQL} AND instance <> $1",
+                self.options.instance_id,
             )
-            await conn.execute(
-                "DELETE FROM antwort_instances WHERE heartbeat_at < now() - make_interval(secs => $1)", stale
-            )
-        return len(rows)
-
-    # -- Retention ----------------------------------------------------------------------------
+            for (instance,) in instances:
+                async with conn.transaction():
+                    # Granted only when no session holds the lock: that instance has ended.
+                    if await conn.fetchval(f"SELECT pg_try_advisory_xact_lock({LOCK_KEY})", instance):
+                        marked += await _mark_instance(conn, instance)
+        return marked
 
     async def purge_expired(self) -> int:
         status: str = await self.pool.execute(
@@ -172,13 +210,14 @@ class PostgresStore:
 
     # -- CancelSignals ------------------------------------------------------------------------
 
-    async def request_cancel(self, response_id: str) -> bool:
+    async def request_cancel(self, response_id: str, owner: str = "") -> bool:
         async with self.pool.acquire() as conn, conn.transaction():
             instance = await conn.fetchval(
                 f"""UPDATE antwort_responses SET cancel_requested = TRUE
-                    WHERE id = $1 AND status IN {RUNNING_SQL} AND (expires_at IS NULL OR expires_at > $2)
+                    WHERE id = $1 AND owner = $2 AND status IN {RUNNING_SQL} AND {_LIVE}
                     RETURNING instance""",
                 response_id,
+                owner,
                 _ts(self.options.clock()),
             )
             if instance is None:
@@ -187,8 +226,8 @@ class PostgresStore:
             await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, f"{instance}\n{response_id}")
         return True
 
-    def on_cancel(self, callback: Callable[[str], None]) -> None:
-        self._cancels.add(callback)
+    def on_cancel(self, callback: Callable[[str], object]) -> Callable[[], None]:
+        return self._cancels.add(callback)
 
     async def poll_cancels(self) -> int:
         """Cancel flags on this instance's running responses: the fallback for a lost NOTIFY."""
@@ -201,14 +240,23 @@ class PostgresStore:
             self._cancels.deliver(row["id"])
         return len(rows)
 
-    async def _listen(self) -> None:
-        """(Re)open the LISTEN connection when it is missing or was lost."""
-        if self._listener is not None and not self._listener.is_closed():
-            return
-        self._listener = await asyncpg.connect(self.url)
-        await self._listener.add_listener(CHANNEL, self._notified)
-
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         instance, _, response_id = str(payload).partition("\n")
         if instance == self.options.instance_id:
             self._cancels.deliver(response_id)
+
+
+async def _mark_instance(conn: AnyConnection, instance: str) -> int:
+    """Mark an ended instance's running responses interrupted (inside the caller's transaction)."""
+    rows = await conn.fetch(
+        f"SELECT id, response FROM antwort_responses WHERE instance = $1 AND status IN {RUNNING_SQL} FOR UPDATE",
+        instance,
+    )
+    await conn.executemany(
+        "UPDATE antwort_responses SET status = $2, response = $3 WHERE id = $1",
+        [(row["id"], FAILED, interrupted(row["response"])) for row in rows],
+    )
+    return len(rows)
+
+
+__all__ = ["PostgresStore", "migrate_database"]

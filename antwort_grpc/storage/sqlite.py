@@ -2,8 +2,10 @@
 
 Writes go through one writer thread (group commit), reads through one reader thread (WAL lets
 them proceed while a write commits); the event loop only awaits futures. An exclusive lock on
-`<file>.lock` keeps a second gateway off the same file: it would take the first one's running
-responses for interrupted ones. Replicas share PostgreSQL instead.
+`<file>.lock` keeps a second gateway off the same file. That lock is also how a restart tells a
+crash: whoever holds it is the only process that can be running responses, so every running row
+found when the file is opened was left by a process that died, and is marked FAILED/interrupted.
+The kernel releases the lock when a process dies, kill -9 included. Replicas share PostgreSQL.
 """
 
 from __future__ import annotations
@@ -16,25 +18,24 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from antwort_grpc import pb
 from antwort_grpc.storage.base import ItemPage, StoredResponse
-from antwort_grpc.storage.codec import Row, from_row, interrupted, to_row
+from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, Row, from_row, interrupted, page_items, to_row
 from antwort_grpc.storage.maintenance import CancelCallbacks, run_every, stop_task
-from antwort_grpc.storage.memory import page_items
-from antwort_grpc.storage.migrations import RUNNING_SQL, migrate_sqlite
+from antwort_grpc.storage.migrations import migrate_sqlite
 from antwort_grpc.storage.options import StoreOptions
 from antwort_grpc.storage.sqlite_worker import SQLiteWorker
 
 log = logging.getLogger(__name__)
 
 _LIVE = "(expires_at IS NULL OR expires_at > ?)"
-_UPSERT = """INSERT INTO antwort_responses
-    (id, owner, status, previous_response_id, created_at, expires_at, instance, response, input_items)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+# The WHERE keeps a late in-progress write from taking an ended response back to running.
+_UPSERT = f"""INSERT INTO antwort_responses
+    (id, owner, status, previous_response_id, created_at, expires_at, response, input_items)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, status = excluded.status,
         previous_response_id = excluded.previous_response_id, created_at = excluded.created_at,
-        expires_at = excluded.expires_at, instance = excluded.instance, response = excluded.response,
-        input_items = excluded.input_items"""
+        expires_at = excluded.expires_at, response = excluded.response, input_items = excluded.input_items
+    WHERE antwort_responses.status IN {RUNNING_SQL} OR excluded.status NOT IN {RUNNING_SQL}"""
 
 
 class StoreInUse(RuntimeError):
@@ -53,6 +54,19 @@ def _lock(path: Path) -> int:
             "replicas share a PostgreSQL store (ANTWORT_STORE=postgresql://…)"
         ) from None
     return fd
+
+
+def migrate_file(path: Path) -> int:
+    """Apply the schema migrations to a file (`antwort-grpc migrate`); the version reached.
+    Safe next to a running gateway: the migration takes SQLite's write lock."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA busy_timeout = 10000")
+        conn.execute("PRAGMA journal_mode = WAL")
+        return migrate_sqlite(conn)
+    finally:
+        conn.close()
 
 
 class SQLiteStore:
@@ -78,28 +92,33 @@ class SQLiteStore:
             await writer.run(migrate_sqlite, alone=True)
             await reader.start()
         except BaseException:
+            await reader.close()
+            await writer.close()
             os.close(lock)
             raise
         store = cls(path, options, writer, reader, lock)
-        marked = await store.mark_interrupted()
+        marked = await store._mark_running_interrupted()
         if marked:
             log.warning("marked %d responses interrupted: left in progress by a gateway that stopped", marked)
-        await store.purge_expired()
-        store._task = run_every(options.maintenance_interval, [store.purge_expired], "sqlite-store-maintenance")
+        if options.ttl_seconds is not None:
+            await store.purge_expired()
+            store._task = run_every(options.maintenance_interval, [store.purge_expired], "sqlite-store-purge")
         return store
 
     async def close(self) -> None:
         await stop_task(self._task)
-        await self.reader.close()
-        await self.writer.close()
-        os.close(self._lock)
+        try:
+            await self._mark_running_interrupted()
+        finally:
+            await self.reader.close()
+            await self.writer.close()
+            os.close(self._lock)
 
     # -- ResponseStore ------------------------------------------------------------------------
 
     async def save(self, record: StoredResponse) -> None:
         row = to_row(record, self.options)
-        instance = self.options.instance_id
-        await self.writer.run(lambda conn: _upsert(conn, row, instance))
+        await self.writer.run(lambda conn: _upsert(conn, row))
 
     async def get(self, response_id: str, owner: str = "") -> StoredResponse | None:
         now = self.options.clock()
@@ -132,21 +151,17 @@ class SQLiteStore:
             return None
         return page_items(record.input_items, limit=limit, after=after, descending=descending)
 
-    # -- Recovery, Retention, CancelSignals ---------------------------------------------------
+    # -- upkeep and cancel ----------------------------------------------------------------------
 
-    async def mark_interrupted(self) -> int:
-        """Every running row another process left: the file lock says that process is gone."""
-        instance = self.options.instance_id
+    async def _mark_running_interrupted(self) -> int:
+        """Every running row: at open they are a dead process's, at close this one's that never
+        ended (the file lock says no other process runs any)."""
 
         def mark(conn: sqlite3.Connection) -> int:
-            rows = conn.execute(
-                f"SELECT id, response FROM antwort_responses WHERE status IN {RUNNING_SQL} AND instance <> ?",
-                (instance,),
-            ).fetchall()
-            failed = int(pb.ResponseStatus.RESPONSE_STATUS_FAILED)
+            rows = conn.execute(f"SELECT id, response FROM antwort_responses WHERE status IN {RUNNING_SQL}").fetchall()
             conn.executemany(
                 "UPDATE antwort_responses SET status = ?, response = ? WHERE id = ?",
-                [(failed, interrupted(response), key) for key, response in rows],
+                [(FAILED, interrupted(response), key) for key, response in rows],
             )
             return len(rows)
 
@@ -157,20 +172,22 @@ class SQLiteStore:
         sql = f"DELETE FROM antwort_responses WHERE expires_at <= ? AND status NOT IN {RUNNING_SQL}"
         return await self.writer.run(lambda conn: conn.execute(sql, (now,)).rowcount)
 
-    async def request_cancel(self, response_id: str) -> bool:
+    async def request_cancel(self, response_id: str, owner: str = "") -> bool:
         """One process per file: the response runs here, if anywhere."""
         now = self.options.clock()
-        sql = f"SELECT 1 FROM antwort_responses WHERE id = ? AND status IN {RUNNING_SQL} AND {_LIVE}"
-        running = await self.reader.run(lambda conn: conn.execute(sql, (response_id, now)).fetchone() is not None)
+        sql = f"SELECT 1 FROM antwort_responses WHERE id = ? AND owner = ? AND status IN {RUNNING_SQL} AND {_LIVE}"
+        running = await self.reader.run(
+            lambda conn: conn.execute(sql, (response_id, owner, now)).fetchone() is not None
+        )
         if running:
             self._cancels.deliver(response_id)
         return running
 
-    def on_cancel(self, callback: Callable[[str], None]) -> None:
-        self._cancels.add(callback)
+    def on_cancel(self, callback: Callable[[str], object]) -> Callable[[], None]:
+        return self._cancels.add(callback)
 
 
-def _upsert(conn: sqlite3.Connection, row: Row, instance: str) -> None:
+def _upsert(conn: sqlite3.Connection, row: Row) -> None:
     conn.execute(
         _UPSERT,
         (
@@ -180,11 +197,10 @@ def _upsert(conn: sqlite3.Connection, row: Row, instance: str) -> None:
             row.previous_response_id,
             row.created_at,
             row.expires_at,
-            instance,
             row.response,
             row.input_items,
         ),
     )
 
 
-__all__ = ["SQLiteStore", "StoreInUse"]
+__all__ = ["SQLiteStore", "StoreInUse", "migrate_file"]

@@ -60,6 +60,7 @@ class SQLiteWorker:
             target=self._main, name=f"sqlite-{'writer' if writer else 'reader'}", daemon=True
         )
         self.commits = 0  # group commits so far (measurements)
+        self._closed = False
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -68,12 +69,19 @@ class SQLiteWorker:
         await self._ready
 
     async def run(self, fn: Job[T], *, alone: bool = False) -> T:
+        if self._closed:
+            raise sqlite3.ProgrammingError(f"the SQLite store {self.path} is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._queue.put(_Pending(fn, future, loop, alone))
         return await future
 
     async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread.ident is None:  # never started
+            return
         self._queue.put(None)
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
 
@@ -99,6 +107,7 @@ class SQLiteWorker:
             ready.get_loop().call_soon_threadsafe(ready.set_exception, err)
             return
         ready.get_loop().call_soon_threadsafe(ready.set_result, None)
+        batch: list[_Pending[Any]] = []
         try:
             while True:
                 batch, stop = self._take()
@@ -115,6 +124,19 @@ class SQLiteWorker:
                     self._run_group(conn, group)
                 if stop:
                     return
+        except BaseException as err:
+            # A broken connection: nobody may wait forever on a job this thread will never run.
+            self._closed = True
+            for job in batch:
+                _resolve(job, None, err)
+            while True:
+                try:
+                    pending = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if pending is not None:
+                    _resolve(pending, None, err)
+            raise
         finally:
             conn.close()
 
