@@ -19,7 +19,7 @@ from antwort_grpc.engine import Engine, EngineConfig
 from antwort_grpc.executors.base import ToolExecutor
 from antwort_grpc.providers.base import Provider, ProviderHealth
 from antwort_grpc.server.servicer import ResponsesServicer
-from antwort_grpc.storage.base import ResponseStore
+from antwort_grpc.storage.base import CancelSignals, ResponseStore
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,8 @@ class Gateway:
     store: ResponseStore
     health: HealthServicer
     watcher: asyncio.Task[None] | None = None
+    # Ends the store's cancel delivery to this gateway's engine.
+    unsubscribe: Callable[[], None] | None = None
 
     @property
     def target(self) -> str:
@@ -52,6 +54,8 @@ class Gateway:
         they are cancelled (and stored as cancelled)."""
         if self.watcher is not None:
             self.watcher.cancel()
+        if self.unsubscribe is not None:
+            self.unsubscribe()
         await self.health.enter_graceful_shutdown()
         if drain > 0:
             await asyncio.sleep(drain)
@@ -105,6 +109,9 @@ async def start_gateway(
     await health.set(RESPONSES_SERVICE, SERVING)
     log.info("antwort-grpc listening on %s", settings.listen.rsplit(":", 1)[0] + f":{port}")
     gateway = Gateway(server, port, _host_of(settings.listen), engine, store, health)
+    if isinstance(store, CancelSignals):
+        # Cancels requested on any replica (or through the store) stop runs of this engine.
+        gateway.unsubscribe = store.on_cancel(engine.runs.stop)
     check = getattr(provider, "check_health", None)
     if check is not None:
         gateway.watcher = asyncio.create_task(_watch_backend(health, check))

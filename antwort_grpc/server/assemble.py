@@ -34,10 +34,10 @@ class Parts:
 
 async def assemble(settings: GatewaySettings) -> Parts:
     from antwort_grpc.providers.factory import build_provider
-    from antwort_grpc.storage.factory import open_store
+    from antwort_grpc.storage.factory import open_store, options_from
 
     closers: list[Closer] = []
-    store = await open_store(settings.store, settings.data_dir)
+    store = await open_store(settings.store, settings.data_dir, options_from(settings))
     if hasattr(store, "close"):
         closers.append(store.close)
     provider = await build_provider(settings)
