@@ -47,6 +47,10 @@ class GatewaySettings(BaseSettings):
 
     # gRPC targets of ToolExecutorService servers.
     executors: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Seconds between refreshes of each executor's tool list; the longest one remote tool call may
+    # take (the request's deadline shortens it).
+    executor_refresh_seconds: float = 10.0
+    executor_call_timeout: float = 300.0
     max_turns: int = 10
     # Seconds in-flight streams get to finish on SIGTERM.
     shutdown_grace: float = 10.0

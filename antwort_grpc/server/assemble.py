@@ -45,7 +45,17 @@ async def assemble(settings: GatewaySettings) -> Parts:
         closers.append(provider.aclose)
     executors: list[ToolExecutor] = [FunctionExecutor()]
     if settings.executors:
-        # The gRPC client of ToolExecutorService is not part of this build yet: say so at startup
-        # rather than serve requests whose server-side tools can never run.
-        raise ValueError("remote tool executors (--executor / ANTWORT_EXECUTORS) are not available yet")
+        from antwort_grpc.executors.remote import RemoteSettings, build_executors, start_all
+
+        remote = build_executors(
+            settings.executors,
+            RemoteSettings(
+                refresh_interval=settings.executor_refresh_seconds, call_timeout=settings.executor_call_timeout
+            ),
+        )
+        # A service that is down does not stop the gateway: it is retried in the background, and
+        # its calls fail as tool errors the model sees meanwhile.
+        closers += [r.close for r in remote]
+        await start_all(remote)
+        executors += remote
     return Parts(provider, store, executors, closers)
