@@ -107,6 +107,11 @@ async def start_gateway(
     await server.start()
     await health.set("", SERVING)
     await health.set(RESPONSES_SERVICE, SERVING)
+    for executor in executors:
+        # Remote executors report their service's reachability under a name of their own.
+        attach = getattr(executor, "attach_health", None)
+        if attach is not None:
+            await attach(health)
     log.info("antwort-grpc listening on %s", settings.listen.rsplit(":", 1)[0] + f":{port}")
     gateway = Gateway(server, port, _host_of(settings.listen), engine, store, health)
     if isinstance(store, CancelSignals):
