@@ -55,8 +55,23 @@ def _run_custom(args: argparse.Namespace) -> int:
     return serve_role(executor_settings(args), load_service(args.service))
 
 
+def _mcp_parser(roles: Any) -> None:
+    p = roles.add_parser("mcp", help="the MCP bridge: tools of the configured MCP servers (docs/mcp.md)")
+    p.add_argument("--config", help="JSON file listing the MCP servers (ANTWORT_MCP_CONFIG)")
+    common_flags(p)
+    p.set_defaults(run=_run_mcp)
+
+
+def _run_mcp(args: argparse.Namespace) -> int:
+    # Imported here: only this role loads the MCP SDK.
+    from antwort_grpc.executors.mcp import McpBridge, McpBridgeSettings
+
+    settings = McpBridgeSettings(**({"config": args.config} if args.config else {}))
+    return serve_role(executor_settings(args), McpBridge.from_settings(settings))
+
+
 # Parser functions of the roles: each adds one subcommand under `executor`.
-ROLES: list[Callable[[Any], None]] = [_custom_parser]
+ROLES: list[Callable[[Any], None]] = [_custom_parser, _mcp_parser]
 
 
 def add_executor_parser(sub: Any) -> None:

@@ -1,0 +1,58 @@
+"""The MCP bridge: an executor service offering the tools of configured MCP servers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from antwort_grpc import pb
+from antwort_grpc.executors.base import ProgressSink
+from antwort_grpc.executors.mcp.config import McpBridgeSettings, McpServerConfig
+from antwort_grpc.executors.mcp.connection import ServerConnection, parse_arguments
+from antwort_grpc.executors.mcp.routing import Refused, route
+from antwort_grpc.executors.sdk import ExecutorService, text_result
+
+
+class McpBridge(ExecutorService):
+    """Lists every configured server's tools (each tagged with its server label) and runs a
+    call on the server the request's `mcp` tool names, under the tool's original name."""
+
+    kind = pb.ToolKind.TOOL_KIND_MCP
+
+    def __init__(self, servers: Sequence[McpServerConfig], settings: McpBridgeSettings | None = None) -> None:
+        self.settings = settings or McpBridgeSettings()
+        self.name = self.settings.name
+        self.connections = {server.label: ServerConnection(server, self.settings) for server in servers}
+
+    @classmethod
+    def from_settings(cls, settings: McpBridgeSettings) -> McpBridge:
+        return cls(settings.load_servers(), settings)
+
+    async def start(self) -> None:
+        """Connect to every server; serving starts once each has answered or failed its first
+        attempt (bounded by connect_timeout), so the first GetExecutorInfo lists what is up."""
+        for connection in self.connections.values():
+            connection.start()
+        await asyncio.gather(*(c.first_attempt() for c in self.connections.values()))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self.connections.values()))
+
+    async def list_tools(self) -> list[pb.ExecutorTool]:
+        return [tool for c in self.connections.values() for tool in c.executor_tools()]
+
+    async def refresh(self, label: str | None = None) -> None:
+        """List the tools of one server (or all) again now."""
+        targets = [self.connections[label]] if label else list(self.connections.values())
+        await asyncio.gather(*(c.refresh() for c in targets))
+
+    async def execute(self, call: pb.FunctionCall, tool: pb.Tool, progress: ProgressSink) -> pb.FunctionCallOutput:
+        listings = {label: {t.name for t in c.tools} for label, c in self.connections.items()}
+        target = route(call.name, tool, listings)
+        if isinstance(target, Refused):
+            return text_result(target.reason, is_error=True)
+        try:
+            arguments = parse_arguments(call.arguments)
+        except ValueError as err:
+            return text_result(f"invalid arguments for {call.name!r}: {err}", is_error=True)
+        return await self.connections[target].call(call.name, arguments, progress)
