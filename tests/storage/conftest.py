@@ -1,4 +1,5 @@
-"""Stores under test: each test gets an empty database of the kind it is parametrized with."""
+"""Stores under test: each test gets an empty database of the kind it is parametrized with, on a
+real SQLite file or a real PostgreSQL server (tests/pg.py)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ class Backend:
     opened: list[Any] = field(default_factory=list)
 
     def options(self, **overrides: Any) -> StoreOptions:
-        base = StoreOptions(clock=self.clock, maintenance_interval=60.0, instance_id=new_instance_id())
+        # Upkeep an hour apart: tests call the steps themselves, nothing runs behind their back.
+        base = StoreOptions(clock=self.clock, maintenance_interval=3600.0, instance_id=new_instance_id())
         return replace(base, **overrides)
 
     async def open(self, **overrides: Any) -> Any:
@@ -75,7 +77,6 @@ class Backend:
         store: Any
         if self.kind == "memory":
             store = MemoryStore(options, self.target)
-            await store.mark_interrupted()
         elif self.kind == "sqlite":
             store = await SQLiteStore.open(self.target, options)
         else:
