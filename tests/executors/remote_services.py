@@ -171,6 +171,18 @@ async def gateway_with_services(
             await server.stop(0)
 
 
+@asynccontextmanager
+async def gateway_with_remote(
+    provider: Provider, target: str, settings: RemoteSettings = FAST
+) -> AsyncIterator[tuple[GatewayClient, RemoteExecutor]]:
+    """A real gateway with one RemoteExecutor of `target` (which may be down)."""
+    async with (
+        RemoteExecutor(target, settings) as remote,
+        running_gateway(provider=provider, executors=[FunctionExecutor(), remote]) as gw,
+    ):
+        yield gw, remote
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
