@@ -70,8 +70,23 @@ def _run_mcp(args: argparse.Namespace) -> int:
     return serve_role(executor_settings(args), McpBridge.from_settings(settings))
 
 
+def _sandbox_parser(roles: Any) -> None:
+    p = roles.add_parser("sandbox", help="run Python code, isolated (ANTWORT_SANDBOX_*; docs/sandbox.md)")
+    common_flags(p)
+    p.set_defaults(run=_run_sandbox)
+
+
+def _run_sandbox(args: argparse.Namespace) -> int:
+    from antwort_grpc.executors.sandbox import SandboxError, SandboxService
+
+    try:
+        return serve_role(executor_settings(args), SandboxService())
+    except SandboxError as err:  # it would run code without the isolation it promises
+        raise SystemExit(f"antwort-grpc executor sandbox: {err}") from None
+
+
 # Parser functions of the roles: each adds one subcommand under `executor`.
-ROLES: list[Callable[[Any], None]] = [_custom_parser, _mcp_parser]
+ROLES: list[Callable[[Any], None]] = [_custom_parser, _mcp_parser, _sandbox_parser]
 
 
 def add_executor_parser(sub: Any) -> None:

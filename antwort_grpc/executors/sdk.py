@@ -34,7 +34,9 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from antwort_grpc import pb
+from antwort_grpc.errors import RequestError
 from antwort_grpc.executors.base import ProgressSink
+from antwort_grpc.server.errors import abort
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,8 @@ class ExecutorService:
 
     async def execute(self, call: pb.FunctionCall, tool: pb.Tool, progress: ProgressSink) -> pb.FunctionCallOutput:
         """Run one call. Return an is_error output for a failure the model should see; an
-        exception becomes one too."""
+        exception becomes one too, except a RequestError, which refuses the call with its gRPC
+        status (RESOURCE_EXHAUSTED when the service is busy, say)."""
         raise NotImplementedError
 
     async def can_execute(self, tool: pb.Tool) -> bool:
@@ -122,7 +125,11 @@ class ToolExecutorServicer(pb.ToolExecutorServiceServicer):
                 next_update.cancel()
                 while not updates.empty():
                     yield pb.ExecuteResponse(progress=pb.ToolProgress(message=updates.get_nowait()))
-                yield pb.ExecuteResponse(result=task.result())
+                try:
+                    result = task.result()
+                except RequestError as err:
+                    await abort(context, err)
+                yield pb.ExecuteResponse(result=result)
                 return
         finally:
             if not task.done():
@@ -134,7 +141,7 @@ class ToolExecutorServicer(pb.ToolExecutorServiceServicer):
         call = request.call
         try:
             result = await self.service.execute(call, request.tool, progress)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, RequestError):
             raise
         except Exception as err:
             log.exception("tool %s (%s) failed", call.name, call.call_id)

@@ -1,0 +1,11 @@
+"""The sandbox executor service (`antwort-grpc executor sandbox`): runs Python code, isolated.
+
+service.py offers `run_python` (claimed by a request's `code_interpreter` tool); runner.py runs one
+call; child.py hardens the child process; isolation.py says what this machine allows; limits.py
+and settings.py hold the limits; output.py is the result's JSON. docs/sandbox.md is the user guide.
+"""
+
+from antwort_grpc.executors.sandbox.service import SandboxError, SandboxService
+from antwort_grpc.executors.sandbox.settings import SandboxSettings
+
+__all__ = ["SandboxError", "SandboxService", "SandboxSettings"]

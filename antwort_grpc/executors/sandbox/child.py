@@ -1,0 +1,209 @@
+"""The child side of one sandbox run: harden this process, then run the code in a fresh interpreter.
+
+The service starts it as `python -I -S -c <this file's source> <config JSON>` (inside the
+namespaces when they are on), so it uses the standard library only and imports nothing of the
+package. In order it sets the resource limits, no_new_privs, drops every capability, restricts the
+file system and TCP with Landlock, and installs a seccomp filter; then it forks the code's
+interpreter, reaps children until that one exits (in a pid namespace it is pid 1 and adopts
+orphans), and writes the code's exit status as JSON to the status descriptor, which the code never
+sees. A hardening step that fails is reported there too and the code does not run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import resource
+import sys
+from typing import Any
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+# prctl(2) options and securebits.
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+PR_CAPBSET_DROP = 24
+PR_SET_SECUREBITS = 28
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SECURE_ALL_BITS_LOCKED = 0xFF  # noroot, no_setuid_fixup, keep_caps off, no_cap_ambient_raise; all locked
+SECCOMP_MODE_FILTER = 2
+
+# Landlock (ABI versions add rights; the ruleset lists only those the kernel knows).
+LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
+LANDLOCK_RULE_PATH_BENEATH = 1
+FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+FS_ABI1 = (1 << 13) - 1  # execute … make_sym
+FS_REFER, FS_TRUNCATE, FS_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
+FS_FILE_ONLY = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
+NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+# seccomp BPF.
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+RET_KILL_PROCESS, RET_ALLOW, RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
+X32_SYSCALL_BIT = 0x40000000
+# Per architecture: audit arch, then the denied syscalls -> errno. socket(2) is the network (every
+# family: a Unix socket path can reach a host daemon); io_uring can open sockets without socket(2);
+# setsid/setpgid would let a process leave the group the service kills on timeout.
+ARCHES: dict[str, tuple[int, dict[int, int]]] = {
+    "x86_64": (
+        0xC000003E,
+        {41: errno.EACCES, 425: errno.EPERM, 426: errno.EPERM, 427: errno.EPERM, 112: errno.EPERM, 109: errno.EPERM},
+    ),
+    "aarch64": (
+        0xC00000B7,
+        {198: errno.EACCES, 425: errno.EPERM, 426: errno.EPERM, 427: errno.EPERM, 157: errno.EPERM, 154: errno.EPERM},
+    ),
+}
+
+
+class SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+
+class RulesetAttr(ctypes.Structure):
+    _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+
+class PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def _prctl(option: int, arg: int = 0) -> int:
+    return int(_libc.prctl(option, ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)))
+
+
+def set_limits(limits: list[list[Any]]) -> None:
+    for name, soft, hard in limits:
+        resource.setrlimit(getattr(resource, name), (soft, hard))
+
+
+def drop_capabilities() -> None:
+    """Leave no capability behind, and make exec not grant them again to uid 0 (the namespace's
+    root): securebits first, while CAP_SETPCAP is still there."""
+    header, data = CapHeader(0x20080522, 0), (CapData * 2)()
+    _check(_libc.capget(ctypes.byref(header), data), "capget")
+    if not any(d.permitted or d.effective or d.inheritable for d in data):
+        return
+    _check(_prctl(PR_SET_SECUREBITS, SECURE_ALL_BITS_LOCKED), "securebits")
+    cap = 0
+    while _prctl(PR_CAPBSET_DROP, cap) == 0:
+        cap += 1
+    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    _check(_libc.capset(ctypes.byref(header), (CapData * 2)()), "capset")
+
+
+def landlock(abi: int, read: list[str], write: list[str], devices: list[str]) -> None:
+    """Reads only beneath `read`, writes only beneath `write`; with ABI 4 no TCP bind/connect, with
+    ABI 6 no signals to processes outside the sandbox and no abstract Unix sockets out of it."""
+    fs = FS_ABI1 | (FS_REFER if abi >= 2 else 0) | (FS_TRUNCATE if abi >= 3 else 0) | (FS_IOCTL_DEV if abi >= 5 else 0)
+    attr = RulesetAttr(fs, NET_BIND_TCP | NET_CONNECT_TCP, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL)
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    ruleset = _check(_libc.syscall(LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0), "landlock")
+    reading = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
+    device = FS_READ_FILE | FS_WRITE_FILE | (FS_TRUNCATE if abi >= 3 else 0)
+    for paths, access in ((read, reading), (write, fs), (devices, device)):
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # not on this system
+            try:
+                allowed = access if os.path.isdir(path) else access & FS_FILE_ONLY
+                rule = ctypes.byref(PathBeneath(allowed, fd))
+                _check(_libc.syscall(LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, rule, 0), path)
+            finally:
+                os.close(fd)
+    _check(_libc.syscall(LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
+    os.close(ruleset)
+
+
+def seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
+    """A classic BPF program: another architecture's syscalls kill, denied ones return an errno."""
+    if machine not in ARCHES:
+        raise OSError(errno.ENOSYS, f"no seccomp filter for {machine}")
+    arch, denied = ARCHES[machine]
+    prog = [(BPF_LD_W_ABS, 0, 0, 4), (BPF_JEQ_K, 1, 0, arch), (BPF_RET_K, 0, 0, RET_KILL_PROCESS)]
+    prog.append((BPF_LD_W_ABS, 0, 0, 0))
+    if machine == "x86_64":  # the x32 ABI reaches the same syscalls under other numbers
+        prog += [(BPF_JGE_K, 0, 1, X32_SYSCALL_BIT), (BPF_RET_K, 0, 0, RET_ERRNO | errno.ENOSYS)]
+    for nr, err in denied.items():
+        prog += [(BPF_JEQ_K, 0, 1, nr), (BPF_RET_K, 0, 0, RET_ERRNO | err)]
+    prog.append((BPF_RET_K, 0, 0, RET_ALLOW))
+    return prog
+
+
+def install_seccomp() -> None:
+    prog = seccomp_program(os.uname().machine)
+    filters = (SockFilter * len(prog))(*[SockFilter(*ins) for ins in prog])
+    fprog = SockFprog(len(prog), filters)
+    mode = ctypes.c_ulong(SECCOMP_MODE_FILTER)
+    _check(_libc.prctl(PR_SET_SECCOMP, mode, ctypes.byref(fprog), ctypes.c_ulong(0), ctypes.c_ulong(0)), "seccomp")
+
+
+def harden(config: dict[str, Any]) -> None:
+    set_limits(config["rlimits"])
+    _check(_prctl(PR_SET_NO_NEW_PRIVS, 1), "no_new_privs")
+    drop_capabilities()
+    if config["landlock"]:
+        ll = config["landlock"]
+        landlock(ll["abi"], ll["read"], ll["write"], ll["devices"])
+    install_seccomp()
+
+
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """Fork the code's interpreter with an empty environment and wait for it, reaping any orphan
+    that a pid namespace hands to us meanwhile."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.execve(config["python"], [config["python"], "-I", config["main"]], {})
+        finally:
+            os._exit(127)
+    while True:
+        try:
+            done, status = os.waitpid(-1, 0)
+        except InterruptedError:
+            continue
+        if done == pid:
+            return {"exit_code": os.waitstatus_to_exitcode(status)}
+
+
+def main(raw: str) -> None:
+    config = json.loads(raw)
+    status_fd = int(config["status_fd"])
+    os.set_inheritable(status_fd, False)
+    try:
+        harden(config)
+    except OSError as err:
+        report: dict[str, Any] = {"setup_error": str(err)}
+    else:
+        report = run(config)
+    os.write(status_fd, json.dumps(report).encode())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

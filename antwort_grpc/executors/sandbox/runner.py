@@ -1,0 +1,205 @@
+"""One run of code: a fresh directory, the hardened child, its output read under caps, a wall-clock
+timeout that kills the whole process group, the files it produced, and the directory removed.
+
+All waiting is asyncio; file-system work that may take long (collecting files, removing a big
+directory) runs in a worker thread, so the event loop that serves gRPC never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from antwort_grpc.executors.base import ProgressSink
+from antwort_grpc.executors.sandbox.isolation import Isolation
+from antwort_grpc.executors.sandbox.limits import Captured, Limits, read_capped
+from antwort_grpc.executors.sandbox.output import Outcome, ProducedFile, collect_files, exit_status
+
+log = logging.getLogger(__name__)
+
+# After the code's main process is gone, how long the pipes get to reach end-of-file once every
+# remaining process was killed (they close at once; this only bounds a misbehaving kernel).
+DRAIN_SECONDS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class FilePolicy:
+    max_files: int
+    max_bytes: int
+
+
+@dataclass(slots=True)
+class _Workdir:
+    root: str
+    work: str
+    main: str
+
+
+class Runner:
+    def __init__(self, isolation: Isolation, limits: Limits, files: FilePolicy, workdir_root: str | None) -> None:
+        self.isolation = isolation
+        self.limits = limits
+        self.files = files
+        self.workdir_root = workdir_root
+
+    async def run(self, code: str, progress: ProgressSink) -> Outcome:
+        workdir = await asyncio.to_thread(self._make_workdir, code)
+        try:
+            outcome = await self._run_in(workdir, progress)
+            if outcome.setup_error is None:
+                outcome.files, outcome.files_not_listed = await asyncio.to_thread(
+                    collect_files,
+                    workdir.work,
+                    owner=self.isolation.code_owner(),
+                    max_files=self.files.max_files,
+                    max_bytes=self.files.max_bytes,
+                )
+            return outcome
+        finally:
+            await _remove(workdir.root)
+
+    def _make_workdir(self, code: str) -> _Workdir:
+        root = tempfile.mkdtemp(prefix="antwort-sandbox-", dir=self.workdir_root)
+        work = os.path.join(root, "work")
+        main = os.path.join(root, "main.py")
+        os.mkdir(work, 0o700)
+        with open(main, "w", encoding="utf-8") as f:
+            f.write(code)
+        if self.isolation.run_as is not None:
+            for path in (root, work, main):
+                os.chown(path, self.isolation.run_as, self.isolation.run_as)
+        return _Workdir(root, work, main)
+
+    async def _run_in(self, workdir: _Workdir, progress: ProgressSink) -> Outcome:
+        status_r, status_w = os.pipe()
+        argv = self.isolation.command(self.limits.rlimits(), workdir.root, workdir.work, workdir.main, status_w)
+        started = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env={},
+                cwd=workdir.work,
+                start_new_session=True,
+                pass_fds=(status_w,),
+                umask=0o077,
+                # Root hands the code to an unprivileged uid; everyone else runs it as themselves.
+                user=self.isolation.run_as,
+                group=self.isolation.run_as,
+                extra_groups=[] if self.isolation.run_as is not None else None,
+            )
+        except BaseException:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(status_w)
+        progress("started")
+        limit: str | None = None
+
+        def stop(reason: str) -> None:
+            nonlocal limit
+            limit = limit or reason
+            _kill_group(proc.pid)
+
+        assert proc.stdout is not None and proc.stderr is not None
+        readers = (
+            asyncio.create_task(read_capped(proc.stdout, self.limits.output_bytes, lambda: stop("output"))),
+            asyncio.create_task(read_capped(proc.stderr, self.limits.output_bytes, lambda: stop("output"))),
+        )
+        try:
+            try:
+                await asyncio.wait_for(proc.wait(), self.limits.timeout_seconds)
+            except TimeoutError:
+                stop("timeout")
+                await proc.wait()
+            # Whatever the code left running in its group goes now (in a pid namespace it is gone
+            # already), so that the pipes reach end-of-file.
+            _kill_group(proc.pid)
+            done, _ = await asyncio.wait(readers, timeout=DRAIN_SECONDS)
+            stdout, stderr = (r.result() if r in done else Captured(b"", True) for r in readers)
+        finally:
+            _kill_group(proc.pid)
+            for reader in readers:
+                reader.cancel()
+            if proc.returncode is None:
+                await proc.wait()
+            report = _read_status(status_r)
+        outcome = Outcome(None, stdout, stderr, time.monotonic() - started, limit=limit)
+        if "setup_error" in report:
+            outcome.setup_error = str(report["setup_error"])
+        elif "exit_code" in report:
+            outcome.exit_code, outcome.signal, code_limit = exit_status(int(report["exit_code"]))
+            outcome.limit = outcome.limit or code_limit
+        elif limit is not None:
+            outcome.signal = signal.SIGKILL.name
+        else:
+            outcome.setup_error = f"the sandbox process ended without a report (status {proc.returncode})"
+            log.warning("sandbox child ended without a report: %s; stderr %r", proc.returncode, stderr.text()[-500:])
+        progress(_summary(outcome))
+        return outcome
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _read_status(fd: int) -> dict[str, Any]:
+    """The child's one JSON report; every writer is gone by now, so this never waits."""
+    try:
+        os.set_blocking(fd, False)
+        data = b""
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(fd, 65536):
+                data += chunk
+    finally:
+        os.close(fd)
+    try:
+        report = json.loads(data) if data else {}
+    except ValueError:
+        return {}
+    return report if isinstance(report, dict) else {}
+
+
+def _summary(outcome: Outcome) -> str:
+    if outcome.limit:
+        return f"stopped: {outcome.limit} limit"
+    if outcome.setup_error:
+        return "failed to start"
+    if outcome.signal:
+        return f"killed by {outcome.signal}"
+    return f"exited {outcome.exit_code}"
+
+
+async def _remove(root: str) -> None:
+    try:
+        await asyncio.to_thread(_remove_tree, root)
+    except (OSError, RecursionError) as err:
+        log.warning("could not remove sandbox directory %s: %s", root, err)
+
+
+def _remove_tree(root: str) -> None:
+    try:
+        shutil.rmtree(root)
+    except OSError:
+        # The code may have taken permissions away from its own directories: give them back, top
+        # down (before os.walk descends into each), and try again.
+        for dirpath, dirnames, _ in os.walk(root):
+            for name in dirnames:
+                with contextlib.suppress(OSError):
+                    os.chmod(os.path.join(dirpath, name), 0o700, follow_symlinks=False)
+        shutil.rmtree(root)
+
+
+__all__ = ["FilePolicy", "ProducedFile", "Runner"]

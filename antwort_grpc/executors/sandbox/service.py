@@ -1,0 +1,171 @@
+"""The sandbox executor service: `run_python`, offered to requests that ask for `code_interpreter`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+
+import grpc
+
+from antwort_grpc import pb
+from antwort_grpc.errors import RequestError
+from antwort_grpc.executors.base import ProgressSink
+from antwort_grpc.executors.sandbox.isolation import (
+    SYSTEM_READ_PATHS,
+    Isolation,
+    interpreter_prefixes,
+    landlock_abi,
+    make_undumpable,
+)
+from antwort_grpc.executors.sandbox.limits import Limits
+from antwort_grpc.executors.sandbox.runner import FilePolicy, Runner
+from antwort_grpc.executors.sandbox.settings import SandboxSettings
+from antwort_grpc.executors.sdk import ExecutorService, function_tool, text_result
+
+log = logging.getLogger(__name__)
+
+TOOL_NAME = "run_python"
+PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "code": {
+            "type": "string",
+            "description": "A complete Python 3 program. Print what you want to see; write files to produce them.",
+        }
+    },
+    "required": ["code"],
+    "additionalProperties": False,
+}
+# Run at start: the service refuses to serve if the sandbox cannot run code or leaks the network.
+SELF_TEST = """
+import os, socket
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+except OSError:
+    pass
+else:
+    raise SystemExit("socket creation is not denied")
+if os.environ.keys() - {"LC_CTYPE"}:
+    raise SystemExit("the environment is not empty")
+print("ok")
+"""
+
+
+class SandboxError(RuntimeError):
+    """The sandbox cannot run code on this machine with the isolation it was asked for."""
+
+
+class SandboxService(ExecutorService):
+    kind = pb.ToolKind.TOOL_KIND_SANDBOX
+    name = "sandbox"
+
+    def __init__(self, settings: SandboxSettings | None = None) -> None:
+        self.settings = settings or SandboxSettings()
+        self.limits = Limits.from_settings(self.settings)
+        self._runner: Runner | None = None
+        self._running = 0
+
+    @property
+    def isolation(self) -> Isolation:
+        return self.runner.isolation
+
+    @property
+    def runner(self) -> Runner:
+        if self._runner is None:
+            raise RuntimeError("SandboxService.start() was not called")
+        return self._runner
+
+    async def start(self) -> None:
+        make_undumpable()
+        s = self.settings
+        prefixes = await interpreter_prefixes(s.python)
+        read_paths = tuple(dict.fromkeys([*SYSTEM_READ_PATHS, *prefixes, *s.read_paths]))
+        run_as = s.user if os.geteuid() == 0 else None
+        base = Isolation(s.python, None, landlock_abi(), run_as, read_paths)
+        if not base.landlock_abi:
+            log.warning("no Landlock in this kernel: the code can read and write whatever its uid can")
+        files = FilePolicy(s.max_files, s.max_files_bytes)
+        unshare = shutil.which("unshare") if s.namespaces != "off" else None
+        candidates = ([dataclasses.replace(base, unshare=unshare)] if unshare else []) + [base]
+        if s.namespaces == "required":
+            candidates = candidates[:1] if unshare else []
+            if not unshare:
+                raise SandboxError("namespaces are required but unshare is not installed")
+        failures: list[str] = []
+        for isolation in candidates:
+            runner = Runner(isolation, self.limits, files, s.workdir_root)
+            problem = await _self_test(runner)
+            if problem is None:
+                self._runner = runner
+                log.info("sandbox isolation: %s", isolation.describe())
+                if failures:
+                    log.warning("sandbox fell back to %s: %s", isolation.network, failures[0])
+                return
+            failures.append(f"{isolation.network}: {problem}")
+            if s.namespaces == "required":
+                break
+        hint = ""
+        if run_as is not None:
+            hint = f" (the code runs as uid {run_as}: can it execute {s.python}? set ANTWORT_SANDBOX_PYTHON)"
+        raise SandboxError("the sandbox cannot run code here: " + "; ".join(failures) + hint)
+
+    async def list_tools(self) -> list[pb.ExecutorTool]:
+        s = self.settings
+        description = (
+            "Run a Python 3 program in an isolated sandbox and get its stdout, stderr, exit code and the files "
+            "it wrote. Each call starts fresh in an empty working directory (nothing persists between calls); "
+            "files the program writes there (relative paths) are returned. There is no network access and no "
+            f"package installation. Limits: {s.timeout_seconds:g} s wall-clock, {s.cpu_seconds} s CPU, "
+            f"{s.memory_mb} MB memory, {s.max_output_bytes // 1024} KiB of output per stream. "
+            "The result is JSON: exit_code, error, limit, stdout, stderr, files."
+        )
+        return [function_tool(TOOL_NAME, description, PARAMETERS)]
+
+    async def execute(self, call: pb.FunctionCall, tool: pb.Tool, progress: ProgressSink) -> pb.FunctionCallOutput:
+        if call.name != TOOL_NAME:
+            return text_result(f"unknown tool {call.name!r}: this sandbox offers {TOOL_NAME}", is_error=True)
+        limit = self.settings.max_concurrency
+        if self._running >= limit:
+            raise RequestError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"sandbox busy: {self._running} calls running, the limit is {limit}; retry later",
+                reason="sandbox_busy",
+            )
+        code = _code(call.arguments, self.settings.max_code_bytes)
+        if isinstance(code, pb.FunctionCallOutput):
+            return code
+        self._running += 1
+        try:
+            outcome = await self.runner.run(code, progress)
+        finally:
+            self._running -= 1
+        output = json.dumps(outcome.to_json(self.limits.timeout_seconds), ensure_ascii=False)
+        return pb.FunctionCallOutput(output=output, is_error=outcome.is_error)
+
+
+def _code(arguments: str, max_bytes: int) -> str | pb.FunctionCallOutput:
+    """The `code` argument, or an is_error result that tells the model what was wrong."""
+    try:
+        args = json.loads(arguments or "{}")
+    except ValueError as err:
+        return text_result(f"arguments are not valid JSON: {err}", is_error=True)
+    code = args.get("code") if isinstance(args, dict) else None
+    if not isinstance(code, str) or not code.strip():
+        return text_result('arguments must be a JSON object with a non-empty string "code"', is_error=True)
+    if len(code.encode()) > max_bytes:
+        return text_result(f"the code is longer than {max_bytes} bytes", is_error=True)
+    return code
+
+
+async def _self_test(runner: Runner) -> str | None:
+    try:
+        outcome = await runner.run(SELF_TEST, lambda _: None)
+    except OSError as err:
+        return str(err)
+    if outcome.stdout.text() == "ok\n" and not outcome.is_error:
+        return None
+    error = outcome.error(runner.limits.timeout_seconds) or "unexpected output"
+    return f"{error}: {outcome.stderr.text().strip()[-300:] or outcome.stdout.text()[-300:] or 'no output'}"
