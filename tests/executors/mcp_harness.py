@@ -97,11 +97,12 @@ def mcp_tool(label: str, allowed: list[str] | None = None) -> pb.Tool:
 
 
 async def execute(
-    stub: pb.ToolExecutorServiceStub, label: str, name: str, tool: pb.Tool | None = None, **arguments: Any
+    stub: pb.ToolExecutorServiceStub, label: str, name: str, /, *, routed_by: pb.Tool | None = None, **arguments: Any
 ) -> Outcome:
-    """One Execute call the way the gateway makes it: the call and the request's mcp tool."""
+    """One Execute call the way the gateway makes it: the call, and the request's tool that it
+    was routed by (by default the mcp tool naming the server)."""
     call = pb.FunctionCall(call_id=f"call_{name}", name=name, arguments=json.dumps(arguments))
-    request = pb.ExecuteRequest(call=call, tool=tool or mcp_tool(label))
+    request = pb.ExecuteRequest(call=call, tool=routed_by or mcp_tool(label))
     updates = [u async for u in stub.Execute(request, timeout=60)]
     assert [u.WhichOneof("update") for u in updates[-1:]] == ["result"]
     assert all(u.WhichOneof("update") == "progress" for u in updates[:-1])

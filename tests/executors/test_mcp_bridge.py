@@ -124,7 +124,7 @@ async def test_the_same_tool_name_on_two_servers_runs_on_the_server_the_request_
 
 
 async def test_a_tool_the_request_does_not_allow_is_refused(bridge: pb.ToolExecutorServiceStub) -> None:
-    outcome = await execute(bridge, "local", "add", tool=mcp_tool("local", allowed=["echo"]), a=1, b=2)
+    outcome = await execute(bridge, "local", "add", routed_by=mcp_tool("local", allowed=["echo"]), a=1, b=2)
     assert outcome.is_error
     assert "not allowed" in outcome.output
 

@@ -191,8 +191,15 @@ class ServerConnection:
             except Exception as err:
                 # A failed connect, a transport that died (its task group cancels this task and
                 # re-raises the cause here, grouped), or a close that went wrong.
-                self.last_error = _describe(err)
-                log.warning("MCP server %r: %s", self.label, self.last_error)
+                error = _describe(err)
+                # A server that stays down fails the same way on every attempt: say it once.
+                log.log(
+                    logging.DEBUG if error == self.last_error else logging.WARNING,
+                    "MCP server %r: %s",
+                    self.label,
+                    error,
+                )
+                self.last_error = error
             finally:
                 self._client = None
             if not connected:
