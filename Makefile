@@ -21,6 +21,8 @@ lint: venv
 	$(BIN)/ruff format --check antwort_grpc tests scripts examples
 	$(BIN)/mypy antwort_grpc
 	cd protos && ../$(BIN)/buf lint
+	$(BIN)/hadolint Dockerfile
+	$(BIN)/kubernetes-validate --strict --quiet deploy/*.yaml
 
 # The agentic loop end to end against a scripted fake model backend (nothing to install).
 demo: venv

@@ -1,0 +1,43 @@
+# One image, three roles: the gateway (default), the sandbox executor and the MCP bridge.
+#   docker build -t antwort-grpc:0.1.0 .
+#   docker run antwort-grpc:0.1.0                        # antwort-grpc serve
+#   docker run antwort-grpc:0.1.0 executor sandbox       # code_interpreter
+#   docker run antwort-grpc:0.1.0 executor mcp           # MCP bridge
+# The local-model extra (llama.cpp and model weights) is left out: in a cluster the gateway talks
+# to a model server (vLLM, Ollama, LiteLLM) over ANTWORT_BACKEND_URL.
+
+# Bookworm: util-linux (which has `unshare`, used by the sandbox where user namespaces are
+# allowed) is an essential package there, so nothing needs apt.
+FROM python:3.11-slim-bookworm AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+RUN python -m venv /opt/antwort
+WORKDIR /src
+# Dependencies first (pinned in pyproject.toml), so code changes reuse this layer.
+COPY pyproject.toml README.md ./
+RUN mkdir antwort_grpc && touch antwort_grpc/__init__.py \
+    && /opt/antwort/bin/pip install --no-cache-dir . \
+    && /opt/antwort/bin/pip uninstall --yes antwort-grpc
+COPY antwort_grpc ./antwort_grpc
+RUN /opt/antwort/bin/pip install --no-cache-dir --no-deps . \
+    && /opt/antwort/bin/python -m compileall -q /opt/antwort/lib
+
+FROM python:3.11-slim-bookworm
+RUN groupadd --system --gid 10001 antwort \
+    && useradd --system --uid 10001 --gid antwort --home-dir /nonexistent --no-create-home \
+       --shell /usr/sbin/nologin antwort \
+    && mkdir -p /var/lib/antwort \
+    && chown antwort:antwort /var/lib/antwort
+COPY --from=build /opt/antwort /opt/antwort
+ENV PATH=/opt/antwort/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    ANTWORT_LISTEN=0.0.0.0:50051 \
+    ANTWORT_EXECUTOR_LISTEN=0.0.0.0:50061 \
+    ANTWORT_DATA_DIR=/var/lib/antwort
+WORKDIR /var/lib/antwort
+# A numeric user, so Kubernetes can verify runAsNonRoot without looking up names.
+USER 10001:10001
+EXPOSE 50051 50061
+ENTRYPOINT ["antwort-grpc"]
+CMD ["serve"]
