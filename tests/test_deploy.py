@@ -1,0 +1,241 @@
+"""The container image and the Kubernetes manifests, checked without a container engine or a
+cluster: hadolint on the Dockerfile, kubernetes-validate (offline schemas) on every manifest, and
+the manifests against the code they run (CLI commands, settings, the MCP configuration)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from antwort_grpc.cli import main
+from antwort_grpc.config import ExecutorSettings, GatewaySettings
+from antwort_grpc.executors.mcp import McpBridgeSettings
+from antwort_grpc.executors.sandbox import SandboxSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+MANIFESTS = sorted((ROOT / "deploy").glob("*.yaml"))
+UID = 10001
+
+
+def _documents() -> list[dict[str, Any]]:
+    return [doc for path in MANIFESTS for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def _of_kind(kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in _documents() if d["kind"] == kind}
+
+
+def _container(deployment: dict[str, Any]) -> dict[str, Any]:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    container: dict[str, Any] = containers[0]
+    return container
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+def _env_names(container: dict[str, Any]) -> list[str]:
+    return [e["name"] for e in container.get("env", [])]
+
+
+ROLES = {
+    "antwort-gateway": ["serve"],
+    "antwort-sandbox": ["executor", "sandbox"],
+    "antwort-mcp-bridge": ["executor", "mcp"],
+}
+
+
+def test_the_dockerfile_passes_hadolint() -> None:
+    result = subprocess.run([BIN / "hadolint", ROOT / "Dockerfile"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_manifest_passes_kubernetes_validate_with_offline_schemas() -> None:
+    assert MANIFESTS
+    cmd = [BIN / "kubernetes-validate", "--strict", *MANIFESTS]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    passed = [line for line in (result.stdout + result.stderr).splitlines() if " passed for resource " in line]
+    assert len(passed) == len(_documents()), result.stdout + result.stderr
+
+
+def test_the_three_roles_are_separate_deployments_with_services_of_their_own() -> None:
+    deployments, services = _of_kind("Deployment"), _of_kind("Service")
+    assert set(deployments) == set(ROLES)
+    for name, args in ROLES.items():
+        deployment = deployments[name]
+        container = _container(deployment)
+        assert container["args"] == args
+        assert container["image"] == "antwort-grpc:0.1.0", "one image runs every role"
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        service = services[name]
+        assert service["spec"]["selector"].items() <= labels.items()
+        port = container["ports"][0]
+        assert service["spec"]["ports"][0]["targetPort"] == port["name"] == "grpc"
+
+
+def test_every_role_is_probed_on_the_grpc_health_service() -> None:
+    readiness = {
+        "antwort-gateway": "antwort.v1.ResponsesService",
+        "antwort-sandbox": "antwort.v1.ToolExecutorService",
+        "antwort-mcp-bridge": "antwort.v1.ToolExecutorService",
+    }
+    for name, deployment in _of_kind("Deployment").items():
+        container = _container(deployment)
+        port = container["ports"][0]["containerPort"]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["grpc"]["port"] == port, (name, probe)
+        assert container["readinessProbe"]["grpc"]["service"] == readiness[name]
+        listen = _env(container).get("ANTWORT_LISTEN") or _env(container)["ANTWORT_EXECUTOR_LISTEN"]
+        assert listen == f"0.0.0.0:{port}"
+
+
+def test_the_sandbox_pod_is_locked_down() -> None:
+    spec = _of_kind("Deployment")["antwort-sandbox"]["spec"]["template"]["spec"]
+    pod = spec["securityContext"]
+    assert pod["runAsNonRoot"] is True and pod["runAsUser"] == UID
+    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["automountServiceAccountToken"] is False
+    container = _container(_of_kind("Deployment")["antwort-sandbox"])
+    context = container["securityContext"]
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert context.get("privileged", False) is False
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]], "the only writable place is an emptyDir at /tmp"
+    assert set(mounts) == {"/tmp"}
+    assert _env(container)["ANTWORT_SANDBOX_WORKDIR_ROOT"] == "/tmp"
+
+
+def test_the_sandbox_may_be_called_by_the_gateway_only_and_may_call_no_one() -> None:
+    policy = _of_kind("NetworkPolicy")["antwort-sandbox"]["spec"]
+    assert policy["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "antwort-sandbox"}
+    assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    assert "egress" not in policy, "no egress rule: all egress denied"
+    [rule] = policy["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "antwort-gateway"}}}]
+
+
+def test_every_pod_runs_as_the_images_non_root_user() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    users = re.findall(r"^USER (\S+)$", dockerfile, re.M)
+    assert users[-1] == f"{UID}:{UID}", "a numeric user lets Kubernetes verify runAsNonRoot"
+    for name, deployment in _of_kind("Deployment").items():
+        pod = deployment["spec"]["template"]["spec"]["securityContext"]
+        assert (pod["runAsNonRoot"], pod["runAsUser"]) == (True, UID), name
+        context = _container(deployment)["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False and context["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_the_gateway_reaches_each_executor_through_its_service() -> None:
+    services = _of_kind("Service")
+    gateway = _container(_of_kind("Deployment")["antwort-gateway"])
+    targets = GatewaySettings(executors=_env(gateway)["ANTWORT_EXECUTORS"]).executors
+    assert len(targets) == 2
+    for target in targets:
+        host, port = target.removeprefix("dns:///").rsplit(":", 1)
+        service = services[host]
+        assert service["spec"]["ports"][0]["port"] == int(port)
+        # Headless: every pod's address resolves, so calls spread over the executor's replicas.
+        assert service["spec"]["clusterIP"] == "None"
+
+
+@pytest.mark.parametrize("args", list(ROLES.values()), ids=list(ROLES))
+def test_every_container_runs_a_command_the_cli_has(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        main([*args, "--help"])
+    assert raised.value.code == 0
+    assert "usage: antwort-grpc" in capsys.readouterr().out
+
+
+def _settings_for(name: str) -> type[Any]:
+    for prefix, settings in (
+        ("ANTWORT_EXECUTOR_", ExecutorSettings),
+        ("ANTWORT_SANDBOX_", SandboxSettings),
+        ("ANTWORT_MCP_", McpBridgeSettings),
+        ("ANTWORT_", GatewaySettings),
+    ):
+        if name.startswith(prefix):
+            return settings
+    raise AssertionError(f"{name} is not an antwort-grpc setting")
+
+
+@pytest.fixture
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    for name in list(os.environ):
+        if name.startswith("ANTWORT_"):
+            monkeypatch.delenv(name)
+    yield monkeypatch
+
+
+def test_every_environment_variable_of_the_manifests_is_a_setting_with_a_valid_value(
+    clean_environment: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name, deployment in _of_kind("Deployment").items():
+        container = _container(deployment)
+        for variable in _env_names(container):
+            settings = _settings_for(variable)
+            prefix = settings.model_config["env_prefix"]
+            field = variable.removeprefix(prefix).lower()
+            assert field in settings.model_fields, f"{name}: {variable} is not a field of {settings.__name__}"
+        values = _env(container)
+        if "ANTWORT_MCP_CONFIG" in values:
+            # Checked on its own below; the file exists only in the pod.
+            values["ANTWORT_MCP_CONFIG"] = str(tmp_path / "servers.json")
+        for variable, value in values.items():
+            clean_environment.setenv(variable, value)
+        for settings in {_settings_for(v) for v in values}:
+            settings()  # raises on a value the role would refuse
+        for variable in values:
+            clean_environment.delenv(variable)
+
+
+def test_the_mcp_servers_configmap_is_a_valid_bridge_configuration(tmp_path: Path) -> None:
+    configmap = _of_kind("ConfigMap")["antwort-mcp-servers"]
+    deployment = _of_kind("Deployment")["antwort-mcp-bridge"]
+    container = _container(deployment)
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    [config_volume] = [n for n, v in volumes.items() if v.get("configMap", {}).get("name") == "antwort-mcp-servers"]
+    [key] = configmap["data"]
+    assert _env(container)["ANTWORT_MCP_CONFIG"] == f"{mounts[config_volume]}/{key}"
+    path = tmp_path / key
+    path.write_text(configmap["data"][key])
+    servers = McpBridgeSettings(config=path).load_servers()
+    assert [s.label for s in servers] == ["docs", "tickets"]
+    secret_mounts = [mounts[n] for n, v in volumes.items() if "secret" in v]
+    for server in servers:
+        # Tokens come from files of the mounted Secret, never inline from the ConfigMap.
+        assert server.headers == {}
+        for header in server.header_files.values():
+            assert any(str(header.path).startswith(m + "/") for m in secret_mounts), header.path
+
+
+def test_the_image_is_built_from_the_package_only_without_the_local_model() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    included = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    assert "*" in ignore, "the build context starts empty; what the image needs is listed"
+    for sources in re.findall(r"^COPY (?!--from)(.+) \S+$", dockerfile, re.M):
+        for source in sources.split():
+            assert (ROOT / source).exists(), source
+            assert source.rstrip("/") in included, f"{source} is excluded by .dockerignore"
+    installs = re.findall(r"pip install [^\n]*", dockerfile)
+    assert installs and all("[" not in line and "local-model" not in line for line in installs)
+    assert re.search(r'^ENTRYPOINT \["antwort-grpc"\]$', dockerfile, re.M)
+    assert re.search(r'^CMD \["serve"\]$', dockerfile, re.M)
