@@ -50,6 +50,8 @@ LOCK_KEY = "hashtextextended($1, 0)"
 # On the session connection: the server notices a vanished host within about 25 s, not the
 # kernel's default of two hours, and releases its lock.
 KEEPALIVES = {"tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5", "tcp_keepalives_count": "3"}
+# How the gateway's connections show in pg_stat_activity.
+APPLICATION = "antwort-grpc"
 
 _LIVE = "(expires_at IS NULL OR expires_at > $3)"
 # The WHERE keeps a late in-progress write from taking an ended response back to running.
@@ -89,7 +91,9 @@ class PostgresStore:
     async def open(cls, url: str, options: StoreOptions | None = None, *, pool_size: int = 10) -> PostgresStore:
         """Connect, migrate, take this instance's lock and listen, sweep, start the upkeep."""
         options = options or StoreOptions()
-        pool = await asyncpg.create_pool(url, min_size=1, max_size=pool_size)
+        pool = await asyncpg.create_pool(
+            url, min_size=1, max_size=pool_size, server_settings={"application_name": APPLICATION}
+        )
         store = cls(url, pool, options)
         try:
             async with pool.acquire() as conn:
@@ -169,7 +173,8 @@ class PostgresStore:
         if self._session is not None and not self._session.is_closed():
             return
         reconnect = self._session is not None
-        conn: Connection = await asyncpg.connect(self.url, server_settings=KEEPALIVES)
+        settings = {**KEEPALIVES, "application_name": f"{APPLICATION} session"}
+        conn: Connection = await asyncpg.connect(self.url, server_settings=settings)
         try:
             # Waits only while a sweeper holds it for a moment (after this session was lost).
             await conn.execute(f"SELECT pg_advisory_lock({LOCK_KEY})", self.options.instance_id)
