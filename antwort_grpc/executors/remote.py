@@ -223,6 +223,10 @@ class RemoteExecutor:
         self._cache.move_to_end(key)
         while len(self._cache) > self.settings.can_execute_cache_size:
             self._cache.popitem(last=False)
+        if answer and tool.WhichOneof("kind") != "function":
+            # A hosted tool the last listing did not show (an MCP server that connected since):
+            # list again now, so functions_for offers its functions to this very request.
+            await self.refresh()
         return answer
 
     # -- running a call ---------------------------------------------------------------------------

@@ -107,6 +107,24 @@ async def test_an_mcp_tool_is_claimed_by_server_label_and_narrowed_to_its_allowe
         assert not await remote.can_execute(function("search_docs"))
 
 
+class _LateBridge(Bridge):
+    """A bridge whose MCP servers connect only after the gateway first listed its tools."""
+
+    connected = False
+
+    async def list_tools(self) -> list[pb.ExecutorTool]:
+        return await super().list_tools() if self.connected else []
+
+
+async def test_an_mcp_server_that_connected_after_the_last_listing_is_offered_at_once() -> None:
+    service = _LateBridge()
+    async for _, remote in _served(service):
+        assert remote.tools == []
+        service.connected = True
+        assert await remote.can_execute(mcp("docs"))
+        assert [f.name for f in await remote.functions_for(mcp("docs"))] == ["search_docs", "fetch_page"]
+
+
 async def test_code_interpreter_is_claimed_by_a_sandbox_and_offers_its_functions() -> None:
     async for _, remote in _served(Sandbox()):
         assert remote.kind == pb.ToolKind.TOOL_KIND_SANDBOX
