@@ -54,8 +54,6 @@ class Gateway:
         they are cancelled (and stored as cancelled)."""
         if self.watcher is not None:
             self.watcher.cancel()
-        if self.unsubscribe is not None:
-            self.unsubscribe()
         await self.health.enter_graceful_shutdown()
         if drain > 0:
             await asyncio.sleep(drain)
@@ -63,6 +61,9 @@ class Gateway:
         # Cancelled streams record their final status on their way out; let them.
         if not await self.engine.runs.wait_idle(5.0):
             log.warning("responses still running after shutdown: %s", self.engine.runs.running())
+        # Only now: a cancel from another replica still reaches streams finishing in the grace.
+        if self.unsubscribe is not None:
+            self.unsubscribe()
 
 
 def _host_of(listen: str) -> str:
