@@ -211,23 +211,41 @@ class ExecutorProcess:
         return int(self.target.rsplit(":", 1)[1])
 
 
+async def start_process(*args: str, env: dict[str, str] | None = None) -> ExecutorProcess:
+    """`antwort-grpc ARGS…` (the gateway or an executor role) as a child process, returned once
+    it says it is serving. Its output after that line is not read (its logs go to stderr)."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "ANTWORT_SHUTDOWN_DRAIN": "0", **(env or {})}
+    cli = [sys.executable, "-m", "antwort_grpc.cli", *args]
+    proc = await asyncio.create_subprocess_exec(*cli, cwd=ROOT, env=environment, stdout=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    try:
+        async with asyncio.timeout(60):
+            while True:
+                line = (await proc.stdout.readline()).decode()
+                assert line, f"antwort-grpc {' '.join(args)} exited before it was serving"
+                if "serving on" in line:
+                    return ExecutorProcess(proc, line.rsplit(" ", 1)[-1].strip())
+    except BaseException:
+        await stop_process(proc)
+        raise
+
+
 async def start_executor_process(service: str, listen: str = "127.0.0.1:0") -> ExecutorProcess:
     """`antwort-grpc executor run <service>` as a child process, once it is serving."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cli = [sys.executable, "-m", "antwort_grpc.cli", "executor", "run", service, "--listen", listen]
-    proc = await asyncio.create_subprocess_exec(*cli, cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE)
-    assert proc.stdout is not None
-    async with asyncio.timeout(30):
-        while True:
-            line = (await proc.stdout.readline()).decode()
-            assert line, f"executor {service} exited before it was serving"
-            if "serving on" in line:
-                return ExecutorProcess(proc, line.rsplit(" ", 1)[-1].strip())
+    return await start_process("executor", "run", service, "--listen", listen)
 
 
-async def stop_process(proc: asyncio.subprocess.Process) -> None:
+async def stop_process(proc: asyncio.subprocess.Process, *, graceful: bool = False) -> None:
+    """kill -9, or SIGTERM first (the process shuts down cleanly, children included)."""
     if proc.returncode is None:
-        proc.kill()
+        if graceful:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 15)
+            except TimeoutError:
+                proc.kill()
+        else:
+            proc.kill()
     await proc.wait()
 
 
