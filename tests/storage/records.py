@@ -10,7 +10,7 @@ from antwort_grpc.storage.base import StoredResponse
 S = pb.ResponseStatus
 
 
-def message(text: str, role: int = pb.Role.ROLE_USER, item_id: str = "") -> pb.Item:
+def message(text: str, role: pb.Role = pb.Role.ROLE_USER, item_id: str = "") -> pb.Item:
     part = (
         pb.ContentPart(input_text=pb.InputText(text=text))
         if role == pb.Role.ROLE_USER

@@ -208,8 +208,8 @@ async def status_changes(url: str) -> AsyncIterator[asyncio.Queue[tuple[str, int
     )
     queue: asyncio.Queue[tuple[str, int]] = asyncio.Queue()
 
-    def heard(_conn: object, _pid: int, _channel: str, payload: str) -> None:
-        response_id, status = payload.split()
+    def heard(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+        response_id, status = str(payload).split()
         queue.put_nowait((response_id, int(status)))
 
     await conn.add_listener("test_status", heard)
