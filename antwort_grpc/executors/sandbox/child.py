@@ -2,26 +2,31 @@
 
 The service starts it as `python -I -S -c <this file's source> <config JSON>` (inside the
 namespaces when they are on), so it uses the standard library only and imports nothing of the
-package. In order it sets the resource limits, no_new_privs, drops every capability, restricts the
-file system and TCP with Landlock, and installs a seccomp filter; then it forks the code's
-interpreter, reaps children until that one exits (in a pid namespace it is pid 1 and adopts
-orphans), and writes the code's exit status as JSON to the status descriptor, which the code never
-sees. A hardening step that fails is reported there too and the code does not run.
+package. It forks the code's process, which in order sets the resource limits, no_new_privs, drops
+every capability, restricts the file system, TCP and signals with Landlock, installs a seccomp
+filter and execs the interpreter. This process stays outside all that as the code's keeper: it
+kills and reaps what the code leaves behind, and writes the code's exit status as JSON to the
+status descriptor, which the code never sees. A hardening step that fails is reported there too,
+and the code does not run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
 import os
 import resource
+import signal
 import sys
 from typing import Any
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
 # prctl(2) options and securebits.
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 PR_CAPBSET_DROP = 24
@@ -175,34 +180,53 @@ def harden(config: dict[str, Any]) -> None:
 
 
 def run(config: dict[str, Any]) -> dict[str, Any]:
-    """Fork the code's interpreter with an empty environment and wait for it, reaping any orphan
-    that a pid namespace hands to us meanwhile."""
+    """Fork the code into a process group of its own, harden it there and exec its interpreter
+    with an empty environment. Kill that whole group when the code's main process ends or on
+    SIGTERM (the service's timeout), and reap every process before reporting: as a subreaper (or
+    pid 1 of a pid namespace) this process inherits the orphans, so nothing outlives the call."""
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    _prctl(PR_SET_DUMPABLE, 0)
+    setup_r, setup_w = os.pipe()  # close-on-exec: end-of-file once the code's interpreter runs
     pid = os.fork()
     if pid == 0:
         try:
+            os.close(setup_r)
+            os.setpgid(0, 0)
+            harden(config)
             os.execve(config["python"], [config["python"], "-I", config["main"]], {})
+        except OSError as err:
+            os.write(setup_w, str(err).encode())
         finally:
             os._exit(127)
+    os.close(setup_w)
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)  # also here, so that the group exists before a SIGTERM can ask for its end
+    signal.signal(signal.SIGTERM, lambda *_: _kill_group(pid))
+    setup_error = os.read(setup_r, 4096).decode(errors="replace")
+    status = None
     while True:
         try:
-            done, status = os.waitpid(-1, 0)
-        except InterruptedError:
-            continue
+            done, wait_status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
         if done == pid:
-            return {"exit_code": os.waitstatus_to_exitcode(status)}
+            status = wait_status
+            _kill_group(pid)
+    if setup_error or status is None:
+        return {"setup_error": setup_error or "the code's process vanished"}
+    return {"exit_code": os.waitstatus_to_exitcode(status)}
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def main(raw: str) -> None:
     config = json.loads(raw)
     status_fd = int(config["status_fd"])
     os.set_inheritable(status_fd, False)
-    try:
-        harden(config)
-    except OSError as err:
-        report: dict[str, Any] = {"setup_error": str(err)}
-    else:
-        report = run(config)
-    os.write(status_fd, json.dumps(report).encode())
+    os.write(status_fd, json.dumps(run(config)).encode())
 
 
 if __name__ == "__main__":

@@ -70,9 +70,10 @@ class Isolation:
     unshare: str | None
     # Landlock ABI version, 0 where the kernel has none.
     landlock_abi: int
-    # The uid (and gid) the code runs as, when the service runs as root.
+    # The uid (and gid) the code runs as, when the service runs as root, and setpriv's path.
     run_as: int | None
     read_paths: tuple[str, ...]
+    setpriv: str | None = None
 
     @property
     def network(self) -> str:
@@ -106,7 +107,15 @@ class Isolation:
             "landlock": landlock,
         }
         argv = [self.python, "-I", "-S", "-c", CHILD_SOURCE, json.dumps(config)]
-        return [self.unshare, *NAMESPACE_FLAGS, "--", *argv] if self.unshare else argv
+        if self.unshare:
+            argv = [self.unshare, *NAMESPACE_FLAGS, "--", *argv]
+        if self.run_as is not None:
+            # Dropped by a program, not by the spawn: asking subprocess for another uid makes it
+            # fork() instead of vfork(), and gRPC's fork handlers crash such a child before exec.
+            # Dropped before unshare, so the namespace's root is this uid outside, not root.
+            uid = str(self.run_as)
+            argv = [self.setpriv or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv]
+        return argv
 
 
 def landlock_abi() -> int:

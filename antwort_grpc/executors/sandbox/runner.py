@@ -26,8 +26,9 @@ from antwort_grpc.executors.sandbox.output import Outcome, ProducedFile, collect
 
 log = logging.getLogger(__name__)
 
-# After the code's main process is gone, how long the pipes get to reach end-of-file once every
-# remaining process was killed (they close at once; this only bounds a misbehaving kernel).
+# The child exits right after the code's processes are gone; these only bound the unexpected: how
+# long it gets after it was asked to stop the code, and how long its pipes then get to close.
+STOP_GRACE_SECONDS = 5.0
 DRAIN_SECONDS = 5.0
 
 
@@ -67,6 +68,23 @@ class Runner:
         finally:
             await _remove(workdir.root)
 
+    def _end_code(self, pid: int) -> None:
+        """Stop the code now. In namespaces, killing the group takes the pid namespace with it; in
+        the fallback the child's keeper kills the code's group and reaps it, then exits."""
+        if self.isolation.unshare:
+            _kill_group(pid)
+        else:
+            _signal(pid, signal.SIGTERM)
+
+    async def _ended(self, proc: asyncio.subprocess.Process) -> None:
+        """Wait for the child to exit (it reaps the code's processes first); kill what does not."""
+        try:
+            await asyncio.wait_for(proc.wait(), STOP_GRACE_SECONDS)
+        except TimeoutError:
+            log.warning("sandbox child %d did not end in %gs: killing its group", proc.pid, STOP_GRACE_SECONDS)
+            _kill_group(proc.pid)
+            await proc.wait()
+
     def _make_workdir(self, code: str) -> _Workdir:
         root = tempfile.mkdtemp(prefix="antwort-sandbox-", dir=self.workdir_root)
         work = os.path.join(root, "work")
@@ -94,10 +112,6 @@ class Runner:
                 start_new_session=True,
                 pass_fds=(status_w,),
                 umask=0o077,
-                # Root hands the code to an unprivileged uid; everyone else runs it as themselves.
-                user=self.isolation.run_as,
-                group=self.isolation.run_as,
-                extra_groups=[] if self.isolation.run_as is not None else None,
             )
         except BaseException:
             os.close(status_r)
@@ -110,7 +124,7 @@ class Runner:
         def stop(reason: str) -> None:
             nonlocal limit
             limit = limit or reason
-            _kill_group(proc.pid)
+            self._end_code(proc.pid)
 
         assert proc.stdout is not None and proc.stderr is not None
         readers = (
@@ -122,18 +136,15 @@ class Runner:
                 await asyncio.wait_for(proc.wait(), self.limits.timeout_seconds)
             except TimeoutError:
                 stop("timeout")
-                await proc.wait()
-            # Whatever the code left running in its group goes now (in a pid namespace it is gone
-            # already), so that the pipes reach end-of-file.
-            _kill_group(proc.pid)
+            await self._ended(proc)
             done, _ = await asyncio.wait(readers, timeout=DRAIN_SECONDS)
             stdout, stderr = (r.result() if r in done else Captured(b"", True) for r in readers)
         finally:
-            _kill_group(proc.pid)
             for reader in readers:
                 reader.cancel()
-            if proc.returncode is None:
-                await proc.wait()
+            if proc.returncode is None:  # cancelled: the caller went away
+                self._end_code(proc.pid)
+                await self._ended(proc)
             report = _read_status(status_r)
         outcome = Outcome(None, stdout, stderr, time.monotonic() - started, limit=limit)
         if "setup_error" in report:
@@ -153,6 +164,11 @@ class Runner:
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
 
 
 def _read_status(fd: int) -> dict[str, Any]:

@@ -84,7 +84,10 @@ class SandboxService(ExecutorService):
         prefixes = await interpreter_prefixes(s.python)
         read_paths = tuple(dict.fromkeys([*SYSTEM_READ_PATHS, *prefixes, *s.read_paths]))
         run_as = s.user if os.geteuid() == 0 else None
-        base = Isolation(s.python, None, landlock_abi(), run_as, read_paths)
+        setpriv = shutil.which("setpriv") if run_as is not None else None
+        if run_as is not None and setpriv is None:
+            raise SandboxError(f"running as root, the sandbox needs setpriv (util-linux) to run code as uid {run_as}")
+        base = Isolation(s.python, None, landlock_abi(), run_as, read_paths, setpriv)
         if not base.landlock_abi:
             log.warning("no Landlock in this kernel: the code can read and write whatever its uid can")
         files = FilePolicy(s.max_files, s.max_files_bytes)
