@@ -67,6 +67,8 @@ def _run_mcp(args: argparse.Namespace) -> int:
     from antwort_grpc.executors.mcp import McpBridge, McpBridgeSettings
 
     settings = McpBridgeSettings(**({"config": args.config} if args.config else {}))
+    # The SDK's HTTP client logs every MCP request at INFO.
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
     return serve_role(executor_settings(args), McpBridge.from_settings(settings))
 
 

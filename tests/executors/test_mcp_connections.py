@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from tests.executors.mcp_harness import (
     execute,
     http_server,
     listed,
+    mcp_tool,
     running_bridge,
     running_http_server,
     start_http_server,
@@ -86,6 +88,30 @@ async def test_a_server_that_is_down_yields_an_error_result_quickly(server: McpS
             assert "MCP server 'gone' is unavailable" in outcome.output
             assert time.monotonic() - started < QUICKLY
         assert not (await execute(bridge, "local", "echo", text="still here")).is_error
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def test_a_server_that_comes_up_after_the_bridge_started_is_claimed_at_once() -> None:
+    port = free_port()
+    # A long backoff: only the claim itself can connect in time.
+    async with running_bridge(
+        [http_server("late", f"http://127.0.0.1:{port}/mcp")], reconnect_max_seconds=60
+    ) as bridge:
+        claim = pb.CanExecuteRequest(tool=mcp_tool("late"))
+        assert not (await bridge.CanExecute(claim)).can_execute
+        server = await start_http_server("tools", port=port)
+        try:
+            assert (await bridge.CanExecute(claim, timeout=2)).can_execute
+            assert ("late", "echo") in await listed(bridge)
+            assert (await execute(bridge, "late", "echo", text="hello")).output == "hello"
+        finally:
+            await server.stop()
 
 
 @pytest.fixture

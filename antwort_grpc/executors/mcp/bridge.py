@@ -12,6 +12,10 @@ from antwort_grpc.executors.mcp.connection import ServerConnection, parse_argume
 from antwort_grpc.executors.mcp.routing import Refused, route
 from antwort_grpc.executors.sdk import ExecutorService, text_result
 
+# Seconds CanExecute waits for a server that is not connected; callers time it out at a few
+# seconds (the gateway at 2).
+CLAIM_WAIT = 1.5
+
 
 class McpBridge(ExecutorService):
     """Lists every configured server's tools (each tagged with its server label) and runs a
@@ -37,6 +41,19 @@ class McpBridge(ExecutorService):
 
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self.connections.values()))
+
+    async def can_execute(self, tool: pb.Tool) -> bool:
+        """An `mcp` tool is claimed when its server is configured here and its tools are known.
+        A configured server with no listing yet (down at startup) gets one connection attempt
+        now, so a server that came back is claimed at once rather than after the backoff."""
+        if tool.WhichOneof("kind") != "mcp":
+            return await super().can_execute(tool)
+        connection = self.connections.get(tool.mcp.server_label)
+        if connection is None:
+            return False
+        if not connection.tools:
+            await connection.refresh(wait=CLAIM_WAIT)
+        return bool(connection.tools)
 
     async def list_tools(self) -> list[pb.ExecutorTool]:
         return [tool for c in self.connections.values() for tool in c.executor_tools()]

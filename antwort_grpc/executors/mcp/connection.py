@@ -102,9 +102,10 @@ class ServerConnection:
     def offers(self, name: str) -> bool:
         return any(tool.name == name for tool in self.tools)
 
-    async def refresh(self) -> bool:
-        """List the tools again now; False when the server is not reachable."""
-        client = await self._ready()
+    async def refresh(self, wait: float | None = None) -> bool:
+        """List the tools again now (connecting first if need be, waiting at most `wait`
+        seconds, by default connect_timeout); False when the server is not reachable."""
+        client = await self._ready(wait)
         if client is None:
             return False
         try:
@@ -147,15 +148,15 @@ class ServerConnection:
             return text_result(f"tool {name!r} on MCP server {self.label!r}: {err}", is_error=True)
         return function_output(result)
 
-    async def _ready(self) -> Client | None:
+    async def _ready(self, wait: float | None = None) -> Client | None:
         """The live client, or — when there is none — the outcome of one connection attempt
-        made now, waited for at most `connect_timeout`. None means unavailable."""
+        made now, waited for at most `wait` (by default connect_timeout). None: unavailable."""
         if self.connected:
             return self._client
         seen = self._attempts
         self._attention.set()
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.settings.connect_timeout), self._changed:
+            async with asyncio.timeout(self.settings.connect_timeout if wait is None else wait), self._changed:
                 await self._changed.wait_for(lambda: self.connected or self._attempts > seen)
         return self._client if self.connected else None
 
