@@ -80,40 +80,7 @@ class SandboxService(ExecutorService):
 
     async def start(self) -> None:
         make_undumpable()
-        s = self.settings
-        prefixes = await interpreter_prefixes(s.python)
-        read_paths = tuple(dict.fromkeys([*SYSTEM_READ_PATHS, *prefixes, *s.read_paths]))
-        run_as = s.user if os.geteuid() == 0 else None
-        setpriv = shutil.which("setpriv") if run_as is not None else None
-        if run_as is not None and setpriv is None:
-            raise SandboxError(f"running as root, the sandbox needs setpriv (util-linux) to run code as uid {run_as}")
-        base = Isolation(s.python, None, landlock_abi(), run_as, read_paths, setpriv)
-        if not base.landlock_abi:
-            log.warning("no Landlock in this kernel: the code can read and write whatever its uid can")
-        files = FilePolicy(s.max_files, s.max_files_bytes)
-        unshare = shutil.which("unshare") if s.namespaces != "off" else None
-        candidates = ([dataclasses.replace(base, unshare=unshare)] if unshare else []) + [base]
-        if s.namespaces == "required":
-            candidates = candidates[:1] if unshare else []
-            if not unshare:
-                raise SandboxError("namespaces are required but unshare is not installed")
-        failures: list[str] = []
-        for isolation in candidates:
-            runner = Runner(isolation, self.limits, files, s.workdir_root)
-            problem = await _self_test(runner)
-            if problem is None:
-                self._runner = runner
-                log.info("sandbox isolation: %s", isolation.describe())
-                if failures:
-                    log.warning("sandbox fell back to %s: %s", isolation.network, failures[0])
-                return
-            failures.append(f"{isolation.network}: {problem}")
-            if s.namespaces == "required":
-                break
-        hint = ""
-        if run_as is not None:
-            hint = f" (the code runs as uid {run_as}: can it execute {s.python}? set ANTWORT_SANDBOX_PYTHON)"
-        raise SandboxError("the sandbox cannot run code here: " + "; ".join(failures) + hint)
+        self._runner = await prepare_runner(self.settings, self.limits)
 
     async def list_tools(self) -> list[pb.ExecutorTool]:
         s = self.settings
@@ -147,6 +114,39 @@ class SandboxService(ExecutorService):
             self._running -= 1
         output = json.dumps(outcome.to_json(self.limits.timeout_seconds), ensure_ascii=False)
         return pb.FunctionCallOutput(output=output, is_error=outcome.is_error)
+
+
+async def prepare_runner(s: SandboxSettings, limits: Limits) -> Runner:
+    """The strongest isolation this machine allows that passes the self-test, or SandboxError."""
+    prefixes = await interpreter_prefixes(s.python)
+    read_paths = tuple(dict.fromkeys([*SYSTEM_READ_PATHS, *prefixes, *s.read_paths]))
+    run_as = s.user if os.geteuid() == 0 else None
+    setpriv = shutil.which("setpriv") if run_as is not None else None
+    if run_as is not None and setpriv is None:
+        raise SandboxError(f"running as root, the sandbox needs setpriv (util-linux) to run code as uid {run_as}")
+    fallback = Isolation(s.python, None, landlock_abi(), run_as, read_paths, setpriv)
+    if not fallback.landlock_abi:
+        log.warning("no Landlock in this kernel: the code can read and write whatever its uid can")
+    unshare = shutil.which("unshare") if s.namespaces != "off" else None
+    if s.namespaces == "required" and not unshare:
+        raise SandboxError("namespaces are required but unshare is not installed")
+    candidates = [dataclasses.replace(fallback, unshare=unshare)] if unshare else []
+    if s.namespaces != "required":
+        candidates.append(fallback)
+    failures: list[str] = []
+    for isolation in candidates:
+        runner = Runner(isolation, limits, FilePolicy(s.max_files, s.max_files_bytes), s.workdir_root)
+        problem = await _self_test(runner)
+        if problem is None:
+            log.info("sandbox isolation: %s", isolation.describe())
+            if failures:
+                log.warning("sandbox fell back to %s: %s", isolation.network, failures[0])
+            return runner
+        failures.append(f"{isolation.network}: {problem}")
+    hint = ""
+    if run_as is not None:
+        hint = f" (the code runs as uid {run_as}: can it execute {s.python}? set ANTWORT_SANDBOX_PYTHON)"
+    raise SandboxError("the sandbox cannot run code here: " + "; ".join(failures) + hint)
 
 
 def _code(arguments: str, max_bytes: int) -> str | pb.FunctionCallOutput:

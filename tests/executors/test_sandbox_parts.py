@@ -1,0 +1,233 @@
+"""The sandbox's parts: the seccomp program, output caps, exit statuses, collecting produced files,
+the call's arguments, settings; and a run whose caller goes away (in process, real children)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from antwort_grpc.executors.sandbox import SandboxSettings
+from antwort_grpc.executors.sandbox.child import ARCHES, RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS, seccomp_program
+from antwort_grpc.executors.sandbox.isolation import NAMESPACE_FLAGS, Isolation
+from antwort_grpc.executors.sandbox.limits import Limits, read_capped
+from antwort_grpc.executors.sandbox.output import collect_files, exit_status
+from antwort_grpc.executors.sandbox.service import _code, prepare_runner
+
+# Root hands the code to uid 65534, which cannot reach an interpreter under /root (pyenv, say).
+PYTHON = "/usr/bin/python3" if os.geteuid() == 0 else sys.executable
+
+
+def run_bpf(prog: list[tuple[int, int, int, int]], arch: int, nr: int) -> int:
+    """Classic BPF, the four instructions the program uses, over seccomp_data {nr, arch}."""
+    data = {0: nr, 4: arch}
+    acc, pc = 0, 0
+    while True:
+        code, jt, jf, k = prog[pc]
+        if code == 0x20:  # ld [k]
+            acc = data[k]
+        elif code in (0x15, 0x35):  # jeq / jge k
+            taken = acc == k if code == 0x15 else acc >= k
+            pc += jt if taken else jf
+        elif code == 0x06:  # ret k
+            return k
+        pc += 1
+
+
+X86_64, AARCH64 = ARCHES["x86_64"][0], ARCHES["aarch64"][0]
+
+
+@pytest.mark.parametrize(
+    ("machine", "arch", "nr", "action"),
+    [
+        ("x86_64", X86_64, 41, RET_ERRNO | errno.EACCES),  # socket
+        ("x86_64", X86_64, 425, RET_ERRNO | errno.EPERM),  # io_uring_setup
+        ("x86_64", X86_64, 112, RET_ERRNO | errno.EPERM),  # setsid
+        ("x86_64", X86_64, 109, RET_ERRNO | errno.EPERM),  # setpgid
+        ("x86_64", X86_64, 0x40000000 | 41, RET_ERRNO | errno.ENOSYS),  # socket through the x32 ABI
+        ("x86_64", X86_64, 0, RET_ALLOW),  # read
+        ("x86_64", X86_64, 53, RET_ALLOW),  # socketpair: connects nothing outside
+        ("x86_64", X86_64, 57, RET_ALLOW),  # fork
+        ("x86_64", 0x40000003, 102, RET_KILL_PROCESS),  # i386 socketcall from a 64-bit process
+        ("aarch64", AARCH64, 198, RET_ERRNO | errno.EACCES),  # socket
+        ("aarch64", AARCH64, 157, RET_ERRNO | errno.EPERM),  # setsid
+        ("aarch64", AARCH64, 63, RET_ALLOW),  # read
+        ("aarch64", 0x40000028, 281, RET_KILL_PROCESS),  # arm32 socket
+    ],
+)
+def test_the_seccomp_filter_denies_sockets_and_leaving_the_process_group(
+    machine: str, arch: int, nr: int, action: int
+) -> None:
+    assert run_bpf(seccomp_program(machine), arch, nr) == action
+
+
+def test_an_architecture_without_a_filter_is_refused() -> None:
+    with pytest.raises(OSError, match="no seccomp filter"):
+        seccomp_program("riscv64")
+
+
+async def test_output_past_the_cap_is_discarded_and_reported_once() -> None:
+    stream = asyncio.StreamReader()
+    for chunk in (b"abcdef", b"ghijkl", b"mnop"):
+        stream.feed_data(chunk)
+    stream.feed_eof()
+    overflows: list[None] = []
+    captured = await read_capped(stream, 8, lambda: overflows.append(None))
+    assert (captured.data, captured.truncated, len(overflows)) == (b"abcdefgh", True, 1)
+
+
+async def test_output_within_the_cap_is_kept_whole() -> None:
+    stream = asyncio.StreamReader()
+    stream.feed_data("grüße\n".encode())
+    stream.feed_eof()
+    captured = await read_capped(stream, 1024, lambda: pytest.fail("no overflow"))
+    assert (captured.text(), captured.truncated) == ("grüße\n", False)
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (0, (0, None, None)),
+        (3, (3, None, None)),
+        (-9, (None, "SIGKILL", None)),
+        (-11, (None, "SIGSEGV", None)),
+        (-24, (None, "SIGXCPU", "cpu")),
+        (-25, (None, "SIGXFSZ", "file_size")),
+    ],
+)
+def test_an_exit_status_says_code_signal_and_limit(status: int, expected: tuple[object, ...]) -> None:
+    assert exit_status(status) == expected
+
+
+def test_the_rlimits_follow_the_settings() -> None:
+    limits = Limits.from_settings(SandboxSettings(cpu_seconds=3, memory_mb=128, max_processes=5))
+    table = {name: (soft, hard) for name, soft, hard in limits.rlimits()}
+    assert table["RLIMIT_CPU"] == (3, 4)
+    assert table["RLIMIT_AS"] == (128 << 20, 128 << 20)
+    assert table["RLIMIT_NPROC"] == (5, 5)
+    assert table["RLIMIT_CORE"] == (0, 0)
+
+
+def test_collected_files_are_regular_files_of_the_code_in_path_order(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.bin").write_bytes(b"\x00\xff")
+    (tmp_path / "a.txt").write_text("text")
+    (tmp_path / "link").symlink_to("/etc/passwd")
+    os.mkfifo(tmp_path / "fifo")
+    files, not_listed = collect_files(str(tmp_path), owner=os.geteuid(), max_files=10, max_bytes=100)
+    assert [(f.path, f.size, f.content) for f in files] == [("a.txt", 4, b"text"), ("sub/b.bin", 2, b"\x00\xff")]
+    assert not_listed == 0
+    assert files[1].to_json() == {"path": "sub/b.bin", "size": 2, "encoding": "base64", "content": "AP8="}
+
+
+def test_collected_files_respect_the_count_and_the_size_budget(tmp_path: Path) -> None:
+    for name, size in (("1.txt", 5), ("2.txt", 50), ("3.txt", 5), ("4.txt", 1)):
+        (tmp_path / name).write_text("x" * size)
+    files, not_listed = collect_files(str(tmp_path), owner=os.geteuid(), max_files=3, max_bytes=20)
+    assert [(f.path, f.content is not None) for f in files] == [("1.txt", True), ("2.txt", False), ("3.txt", True)]
+    assert files[1].to_json()["omitted"]
+    assert not_listed == 1
+
+
+def test_files_of_another_owner_are_not_collected(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("text")
+    assert collect_files(str(tmp_path), owner=os.geteuid() + 1, max_files=10, max_bytes=100) == ([], 0)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "problem"),
+    [
+        ('{"code": "print(1)"}', None),
+        ("print(1)", "not valid JSON"),
+        ('{"code": 1}', '"code"'),
+        ('{"code": "  "}', '"code"'),
+        ("[]", '"code"'),
+        ('{"code": "' + "x" * 101 + '"}', "longer than 100 bytes"),
+    ],
+)
+def test_the_arguments_must_carry_the_code(arguments: str, problem: str | None) -> None:
+    code = _code(arguments, 100)
+    if problem is None:
+        assert code == "print(1)"
+    else:
+        assert not isinstance(code, str)
+        assert code.is_error and problem in code.output
+
+
+def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTWORT_SANDBOX_READ_PATHS", "/opt/data, /srv/models")
+    monkeypatch.setenv("ANTWORT_SANDBOX_MAX_CONCURRENCY", "2")
+    settings = SandboxSettings()
+    assert (settings.read_paths, settings.max_concurrency) == (["/opt/data", "/srv/models"], 2)
+    monkeypatch.setenv("ANTWORT_SANDBOX_NAMESPACES", "sometimes")
+    with pytest.raises(ValidationError):
+        SandboxSettings()
+
+
+def test_the_command_drops_root_before_entering_the_namespaces() -> None:
+    isolation = Isolation("/usr/bin/python3", "/usr/bin/unshare", 7, 65534, ("/usr",), "/usr/bin/setpriv")
+    argv = isolation.command([("RLIMIT_CPU", 1, 2)], "/tmp/r", "/tmp/r/work", "/tmp/r/main.py", 9)
+    assert argv[:5] == ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+    assert argv[5 : 6 + len(NAMESPACE_FLAGS)] == ["/usr/bin/unshare", *NAMESPACE_FLAGS]
+    config = json.loads(argv[-1])
+    assert config["status_fd"] == 9
+    assert config["landlock"]["write"] == ["/tmp/r/work"]
+    assert config["landlock"]["read"] == ["/usr", "/tmp/r", "/proc"]  # the namespace's own /proc
+
+
+def test_the_fallback_command_has_no_namespaces_and_no_proc() -> None:
+    isolation = Isolation("/usr/bin/python3", None, 7, None, ("/usr",))
+    argv = isolation.command([], "/tmp/r", "/tmp/r/work", "/tmp/r/main.py", 9)
+    assert argv[:4] == ["/usr/bin/python3", "-I", "-S", "-c"]
+    assert json.loads(argv[-1])["landlock"]["read"] == ["/usr", "/tmp/r"]
+    assert isolation.network == "seccomp"
+
+
+@pytest.fixture
+def workdir_root() -> Iterator[Path]:
+    # Under /tmp and open to others: the code may run as another uid than these tests.
+    root = Path(tempfile.mkdtemp(prefix="antwort-sandbox-parts-"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root)
+
+
+@pytest.mark.parametrize("namespaces", ["auto", "off"])
+async def test_a_run_whose_caller_goes_away_kills_the_code_and_removes_its_directory(
+    namespaces: str, workdir_root: Path
+) -> None:
+    settings = SandboxSettings(python=PYTHON, namespaces=namespaces, workdir_root=str(workdir_root))
+    runner = await prepare_runner(settings, Limits.from_settings(settings))
+    started = asyncio.Event()
+    code = "import subprocess, time\nsubprocess.Popen(['sleep', '1000'])\ntime.sleep(1000)"
+    run = asyncio.create_task(runner.run(code, lambda message: started.set()))
+    await started.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert _in(workdir_root) == []
+    assert _processes_in(workdir_root) == []
+
+
+def _in(path: Path) -> list[str]:
+    return os.listdir(path)
+
+
+def _processes_in(root: Path) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd").startswith(str(root)):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
