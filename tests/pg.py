@@ -85,7 +85,3 @@ def postgres_server() -> Iterator[str]:
         return
     with throwaway_cluster() as started:
         yield started
-
-
-def database_url(admin_url: str, name: str) -> str:
-    return admin_url.rsplit("/", 1)[0] + "/" + name
