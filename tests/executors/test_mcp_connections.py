@@ -90,6 +90,20 @@ async def test_a_server_that_is_down_yields_an_error_result_quickly(server: McpS
         assert not (await execute(bridge, "local", "echo", text="still here")).is_error
 
 
+async def test_a_stdio_server_that_fails_at_startup_is_retried_with_backoff_not_in_a_loop(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    crashing = McpServerConfig(
+        label="crashing", transport="stdio", command="/bin/sh", args=["-c", f"echo start >> {starts}; exit 1"]
+    )
+    async with running_bridge([crashing], reconnect_max_seconds=0.4) as bridge:
+        # Watching a window of time is the point here: backoff 0.1, 0.2, 0.4, 0.4, … in 1.5 s.
+        await asyncio.sleep(1.5)
+        assert 3 <= starts.read_text().count("start") <= 8
+        outcome = await execute(bridge, "crashing", "echo")
+        assert outcome.is_error
+        assert "MCP server 'crashing' is unavailable" in outcome.output
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -64,6 +64,8 @@ class ServerConnection:
         self._attention = asyncio.Event()
         # Connection attempts finished so far (either way), for callers waiting on one.
         self._attempts = 0
+        # Counts connections, so the end of an earlier one is not taken for the current one's.
+        self._generation = 0
         self._changed = asyncio.Condition()
         self._listing = asyncio.Lock()
 
@@ -82,13 +84,16 @@ class ServerConnection:
             return
         self._stopping = True
         self._attention.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(self._owner), timeout)
-        except TimeoutError:
+        if not self.connected:
+            # Connecting or waiting to: nothing to close gracefully. The owner unwinds what it
+            # entered in its own task.
+            self._owner.cancel()
+        done, _ = await asyncio.wait({self._owner}, timeout=timeout)
+        if not done:
             log.warning("MCP server %r: the connection did not close in %.0fs; cancelling it", self.label, timeout)
             self._owner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._owner
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._owner
 
     @property
     def connected(self) -> bool:
@@ -111,7 +116,7 @@ class ServerConnection:
         try:
             await self._list_tools(client)
         except MCPError as err:
-            self._note_failure(err)
+            self._note_failure(client, err)
             return False
         return True
 
@@ -135,7 +140,7 @@ class ServerConnection:
                 name, arguments, read_timeout_seconds=self.settings.call_timeout, progress_callback=on_progress
             )
         except MCPError as err:
-            if self._note_failure(err):
+            if self._note_failure(client, err):
                 return text_result(f"lost the connection to MCP server {self.label!r}: {err}", is_error=True)
             if err.code == mt.REQUEST_TIMEOUT:
                 return text_result(
@@ -160,10 +165,11 @@ class ServerConnection:
                 await self._changed.wait_for(lambda: self.connected or self._attempts > seen)
         return self._client if self.connected else None
 
-    def _note_failure(self, err: MCPError) -> bool:
-        """Whether the error says the connection is gone; if so, the owner reconnects."""
+    def _note_failure(self, client: Client, err: MCPError) -> bool:
+        """Whether the error says the connection is gone; if so, the owner reconnects (unless it
+        already has: the failed request may have been made on an earlier connection)."""
         gone = err.code == mt.CONNECTION_CLOSED or (err.code == mt.INVALID_REQUEST and "Session terminated" in str(err))
-        if gone and not self._lost:
+        if gone and client is self._client and not self._lost:
             log.warning("MCP server %r: connection lost (%s)", self.label, err)
             self.last_error = str(err)
             self._lost = True
@@ -175,6 +181,7 @@ class ServerConnection:
     async def _own(self) -> None:
         backoff = FIRST_BACKOFF
         while not self._stopping:
+            self._generation += 1
             self._lost = False
             self._attention.clear()
             connected = False
@@ -226,7 +233,7 @@ class ServerConnection:
             try:
                 await self._list_tools(client)
             except MCPError as err:
-                if self._note_failure(err):
+                if self._note_failure(client, err):
                     return
                 log.warning("MCP server %r: listing tools failed: %s", self.label, err)
 
@@ -241,6 +248,9 @@ class ServerConnection:
             cache=None,  # the bridge keeps its own listing
             client_info=CLIENT_INFO,
             message_handler=self._on_message,
+            # The default bound of requests other than calls (handshake, listing): a server that
+            # accepts requests and never answers must not hold the owner.
+            read_timeout_seconds=self.settings.connect_timeout,
         )
         return await stack.enter_async_context(client)
 
@@ -258,10 +268,13 @@ class ServerConnection:
                 timeout=httpx2.Timeout(self.settings.connect_timeout, read=self.settings.call_timeout),
             )
             inner = streamable_http_client(config.url, http_client=_entered(stack, http))
-        return _watched(inner, self._connection_ended)
+        generation = self._generation
+        return _watched(inner, lambda: self._connection_ended(generation))
 
-    def _connection_ended(self) -> None:
-        if not self._stopping and not self._lost:
+    def _connection_ended(self, generation: int) -> None:
+        # Only the end of the live connection counts: a connection that never came up fails
+        # its connect, and one that is being closed has already been given up.
+        if generation == self._generation and self.connected and not self._stopping:
             log.warning("MCP server %r: the connection ended", self.label)
             self.last_error = "the connection ended"
             self._lost = True
