@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import signal
 import socket
 import time
 from contextvars import ContextVar
@@ -28,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 from aiohttp import web
 
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply, ScriptedToolCall
+from bench.procs import until_stopped
 
 # Replaced, when the chunk is written, by the time in nanoseconds.
 STAMP = "@STAMP@"
@@ -113,11 +113,8 @@ async def _serve(port: int) -> None:
     backend = BenchBackend(port)
     await backend.start()
     print(f"READY {backend.port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
     try:
-        await stop.wait()
+        await until_stopped()
     finally:
         await backend.stop()
 

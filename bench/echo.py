@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +18,7 @@ import grpc
 
 from antwort_grpc import pb
 from antwort_grpc.ids import new_id
+from bench.procs import until_stopped
 
 
 def delta_message(text: str, sequence_number: int) -> pb.CreateResponseResponse:
@@ -52,9 +52,7 @@ async def _serve(count: int, text: str) -> None:
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     print(f"READY {port}", flush=True)
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    await stop.wait()
+    await until_stopped()
     await server.stop(0)
 
 

@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import AsyncIterator
 
 from antwort_grpc import pb
@@ -38,6 +37,7 @@ from antwort_grpc.providers.base import (
 )
 from antwort_grpc.server.app import start_gateway
 from antwort_grpc.storage.memory import MemoryStore
+from bench.procs import until_stopped
 
 
 def _answer(text: str) -> Completion:
@@ -127,10 +127,8 @@ async def _serve(args: argparse.Namespace) -> None:
     settings = GatewaySettings(listen="127.0.0.1:0", model="bench", max_turns=50)
     gateway = await start_gateway(settings, provider=provider, store=MemoryStore(), executors=_executors(args))
     print(f"READY {gateway.port}", flush=True)
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     try:
-        await stop.wait()
+        await until_stopped()
     finally:
         await gateway.stop(0)
         close = getattr(provider, "aclose", None)

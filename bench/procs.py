@@ -67,8 +67,9 @@ def rss_bytes(pid: int) -> int:
 
 async def spawn(name: str, module: str, *args: str, timeout: float = 30.0) -> Child:
     """Start `python -m module args…` and wait for its READY line."""
+    # The child's stdin is a pipe from us: when we end, however we end, it sees EOF and stops.
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", module, *args, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL
+        sys.executable, "-m", module, *args, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.PIPE
     )
     assert process.stdout is not None
     try:
@@ -92,6 +93,21 @@ async def spawn(name: str, module: str, *args: str, timeout: float = 30.0) -> Ch
 async def _drain(stream: asyncio.StreamReader) -> None:
     while await stream.readline():
         pass
+
+
+async def until_stopped() -> None:
+    """In a child: returns on SIGTERM, or when the parent is gone (EOF on stdin)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+
+    def stdin_ready() -> None:
+        if not os.read(0, 4096):
+            loop.remove_reader(0)
+            stop.set()
+
+    loop.add_reader(0, stdin_ready)
+    await stop.wait()
 
 
 def machine() -> str:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
 import sys
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
 from pathlib import Path
 
+# BENCH_PROFILE_NATIVE=1: C frames too (grpc's Cython core); py-spy must pause the process for them.
+_MODE = ["--native"] if os.environ.get("BENCH_PROFILE_NATIVE") else ["--nonblocking"]
 _ROOT = Path(__file__).resolve().parent.parent
 _target: ContextVar[Path | None] = ContextVar("profile_dir", default=None)
 
@@ -36,7 +39,7 @@ async def attach(pid: int, name: str) -> tuple[asyncio.subprocess.Process, Path]
     output = directory / f"{name}-{pid}.folded"
     spy = Path(sys.executable).parent / "py-spy"
     process = await asyncio.create_subprocess_exec(
-        str(spy), "record", "--pid", str(pid), "--rate", "250", "--nonblocking",
+        str(spy), "record", "--pid", str(pid), "--rate", "250", *_MODE,
         "--format", "raw", "--output", str(output), "--full-filenames",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip

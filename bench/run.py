@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime
 import json
 import math
@@ -82,7 +83,8 @@ async def run(names: list[str], scale: figures.Scale, profile_figure: str, out: 
         "commit": commit(),
         "load_average_at_start": round(load, 2),
         "duration_s": round(time.perf_counter() - started, 1),
-        "scale": "tiny" if scale is figures.TINY else "full",
+        "scale": "tiny" if scale.streams == figures.TINY.streams else "full",
+        "repeats": {"rounds": scale.rounds, "stream_rounds": scale.stream_rounds, "streams": scale.stream_repeats},
         "figures_run": names,
         "details": results.details(),
     }
@@ -94,6 +96,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help=f"comma-separated figures of {','.join(FIGURES)}")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--report", type=Path, default=None, help="RESULTS.md to update (default: bench/RESULTS.md)")
+    parser.add_argument("--repeats", type=int, default=0, help="override the number of repeats of every figure")
     parser.add_argument("--profile", default="", help="record py-spy profiles of the gateway during this figure")
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n] or list(FIGURES)
@@ -101,6 +104,9 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown figures {unknown}")
     scale = figures.TINY if args.tiny else figures.FULL
+    if args.repeats:
+        n = args.repeats
+        scale = dataclasses.replace(scale, rounds=n, stream_rounds=n, tool_repeats=n, stream_repeats=n)
     args.out.mkdir(parents=True, exist_ok=True)
     data = asyncio.run(run(names, scale, args.profile, args.out))
     (args.out / "latest.json").write_text(json.dumps(data, indent=2) + "\n")
