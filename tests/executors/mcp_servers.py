@@ -69,6 +69,12 @@ def tools_server() -> MCPServer:
         return {name: headers.get(name, "") for name in ("authorization", "x-tenant")}
 
     @server.tool()
+    async def sleep(seconds: float) -> str:
+        """Answers after the given time."""
+        await anyio.sleep(seconds)
+        return "awake"
+
+    @server.tool()
     def pid() -> int:
         """This server process's id."""
         return os.getpid()

@@ -11,6 +11,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 
+import grpc
 import pytest
 import pytest_asyncio
 
@@ -28,7 +29,7 @@ from tests.executors.mcp_servers import PAGING_TOOLS
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-TOOLS = ["echo", "add", "fail", "countdown", "whoami", "pid", "exit_now", "rendezvous", "picture", "learn"]
+TOOLS = ["echo", "add", "fail", "countdown", "whoami", "sleep", "pid", "exit_now", "rendezvous", "picture", "learn"]
 PAGED = [f"tool_{i:02d}" for i in range(PAGING_TOOLS)]
 
 
@@ -146,3 +147,15 @@ async def test_can_execute_claims_the_servers_it_lists_tools_of(bridge: pb.ToolE
     for label, expected in [("local", True), ("remote", True), ("elsewhere", False)]:
         answer = await bridge.CanExecute(pb.CanExecuteRequest(tool=mcp_tool(label)))
         assert answer.can_execute is expected, label
+
+
+@pytest.mark.parametrize("label", ["local", "remote"])
+async def test_the_callers_deadline_ends_a_running_call_and_the_server_keeps_serving(
+    bridge: pb.ToolExecutorServiceStub, label: str
+) -> None:
+    call = pb.FunctionCall(call_id="c1", name="sleep", arguments='{"seconds": 60}')
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        async for _ in bridge.Execute(pb.ExecuteRequest(call=call, tool=mcp_tool(label)), timeout=0.5):
+            pass
+    assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert (await execute(bridge, label, "echo", text="next")).output == "next"

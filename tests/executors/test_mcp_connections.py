@@ -104,6 +104,14 @@ async def test_a_stdio_server_that_fails_at_startup_is_retried_with_backoff_not_
         assert "MCP server 'crashing' is unavailable" in outcome.output
 
 
+async def test_a_call_that_outlasts_the_call_timeout_is_an_error_result() -> None:
+    async with running_bridge([stdio_server("local")], call_timeout=0.5) as bridge:
+        outcome = await execute(bridge, "local", "sleep", seconds=60)
+        assert outcome.is_error
+        assert "tool 'sleep' on MCP server 'local' timed out after 0.5s" in outcome.output
+        assert (await execute(bridge, "local", "echo", text="next")).output == "next"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
