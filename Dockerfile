@@ -6,8 +6,8 @@
 # The local-model extra (llama.cpp and model weights) is left out: in a cluster the gateway talks
 # to a model server (vLLM, Ollama, LiteLLM) over ANTWORT_BACKEND_URL.
 
-# Bookworm: util-linux (which has `unshare`, used by the sandbox where user namespaces are
-# allowed) is an essential package there, so nothing needs apt.
+# Bookworm: util-linux is an essential package there, so the sandbox finds `unshare` (namespaces,
+# where the node allows them) and `setpriv` (dropping to another uid when run as root) without apt.
 FROM python:3.11-slim-bookworm AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
