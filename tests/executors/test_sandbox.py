@@ -358,7 +358,11 @@ async def test_fallback_code_cannot_read_the_services_environment_or_signal_it(
 ) -> None:
     result = await run(fallback_stub, f"import os\nprint(os.environ.get({SECRET_NAME!r}))\nos.getppid()")
     assert result.output["stdout"] == "None\n"
-    for code in (f"print(open('/proc/{fallback.pid}/environ').read())", f"import os\nos.kill({fallback.pid}, 9)"):
+    for code in (
+        f"print(open('/proc/{fallback.pid}/environ').read())",
+        f"import os\nos.kill({fallback.pid}, 9)",
+        "import os\nos.kill(-1, 0)",  # signal 0 to every process it may signal: the keeper at least
+    ):
         result = await run(fallback_stub, code)
         assert "PermissionError" in result.output["stderr"]
         await assert_contained(fallback_stub, fallback, result)

@@ -27,9 +27,9 @@ from antwort_grpc.executors.sandbox.service import _code, prepare_runner
 PYTHON = "/usr/bin/python3" if os.geteuid() == 0 else sys.executable
 
 
-def run_bpf(prog: list[tuple[int, int, int, int]], arch: int, nr: int) -> int:
-    """Classic BPF, the four instructions the program uses, over seccomp_data {nr, arch}."""
-    data = {0: nr, 4: arch}
+def run_bpf(prog: list[tuple[int, int, int, int]], arch: int, nr: int, arg0: int = 0) -> int:
+    """Classic BPF, the four instructions the program uses, over seccomp_data {nr, arch, args[0]}."""
+    data = {0: nr, 4: arch, 16: arg0 & 0xFFFFFFFF}
     acc, pc = 0, 0
     while True:
         code, jt, jf, k = prog[pc]
@@ -43,7 +43,7 @@ def run_bpf(prog: list[tuple[int, int, int, int]], arch: int, nr: int) -> int:
         pc += 1
 
 
-X86_64, AARCH64 = ARCHES["x86_64"][0], ARCHES["aarch64"][0]
+X86_64, AARCH64 = ARCHES["x86_64"].audit, ARCHES["aarch64"].audit
 
 
 @pytest.mark.parametrize(
@@ -68,6 +68,34 @@ def test_the_seccomp_filter_denies_sockets_and_leaving_the_process_group(
     machine: str, arch: int, nr: int, action: int
 ) -> None:
     assert run_bpf(seccomp_program(machine), arch, nr) == action
+
+
+SERVICE, KEEPER = 4242, 77
+PROTECTED = (SERVICE, KEEPER, -KEEPER, -SERVICE, -1)
+
+
+@pytest.mark.parametrize(
+    ("machine", "arch", "nr", "pid", "action"),
+    [
+        ("x86_64", X86_64, 62, SERVICE, RET_ERRNO | errno.EPERM),  # kill(service)
+        ("x86_64", X86_64, 62, -SERVICE, RET_ERRNO | errno.EPERM),  # kill(-service group)
+        ("x86_64", X86_64, 62, -1, RET_ERRNO | errno.EPERM),  # kill(every process)
+        ("x86_64", X86_64, 62, KEEPER, RET_ERRNO | errno.EPERM),  # kill(keeper)
+        ("x86_64", X86_64, 234, SERVICE, RET_ERRNO | errno.EPERM),  # tgkill(service, tid)
+        ("x86_64", X86_64, 434, SERVICE, RET_ERRNO | errno.EPERM),  # pidfd_open(service)
+        ("x86_64", X86_64, 200, 5, RET_ERRNO | errno.EPERM),  # tkill: any thread
+        ("x86_64", X86_64, 424, 3, RET_ERRNO | errno.EPERM),  # pidfd_send_signal
+        ("x86_64", X86_64, 62, 1234, RET_ALLOW),  # kill(the code's own child)
+        ("x86_64", X86_64, 62, 0, RET_ALLOW),  # kill(its own group)
+        ("x86_64", X86_64, 0, SERVICE, RET_ALLOW),  # read(fd 4242): only signalling syscalls are checked
+        ("aarch64", AARCH64, 129, SERVICE, RET_ERRNO | errno.EPERM),  # kill(service)
+        ("aarch64", AARCH64, 129, 1234, RET_ALLOW),
+    ],
+)
+def test_the_seccomp_filter_keeps_signals_away_from_the_service_and_the_keeper(
+    machine: str, arch: int, nr: int, pid: int, action: int
+) -> None:
+    assert run_bpf(seccomp_program(machine, PROTECTED), arch, nr, pid) == action
 
 
 def test_an_architecture_without_a_filter_is_refused() -> None:

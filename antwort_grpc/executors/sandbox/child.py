@@ -20,6 +20,7 @@ import os
 import resource
 import signal
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -50,17 +51,32 @@ SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
 BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
 RET_KILL_PROCESS, RET_ALLOW, RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
 X32_SYSCALL_BIT = 0x40000000
-# Per architecture: audit arch, then the denied syscalls -> errno. socket(2) is the network (every
-# family: a Unix socket path can reach a host daemon); io_uring can open sockets without socket(2);
-# setsid/setpgid would let a process leave the group the service kills on timeout.
-ARCHES: dict[str, tuple[int, dict[int, int]]] = {
-    "x86_64": (
+SECCOMP_ARG0_LOW = 16  # offsetof(struct seccomp_data, args[0]), its low 32 bits on little endian
+
+
+@dataclass(frozen=True)
+class Arch:
+    audit: int
+    # Denied outright -> errno. socket(2) is the network (every family: a Unix socket path can reach
+    # a host daemon); io_uring can open sockets without socket(2); setsid/setpgid would let a process
+    # leave the group that is killed; tkill and pidfd_send_signal reach processes by a number this
+    # filter cannot check.
+    denied: dict[int, int]
+    # Syscalls whose first argument is a pid (or -pgid, or -1 for all): denied for protected ones.
+    signalling: tuple[int, ...]
+
+
+EPERM, EACCES = errno.EPERM, errno.EACCES
+ARCHES: dict[str, Arch] = {
+    "x86_64": Arch(
         0xC000003E,
-        {41: errno.EACCES, 425: errno.EPERM, 426: errno.EPERM, 427: errno.EPERM, 112: errno.EPERM, 109: errno.EPERM},
+        {41: EACCES, 425: EPERM, 426: EPERM, 427: EPERM, 112: EPERM, 109: EPERM, 200: EPERM, 424: EPERM},
+        (62, 234, 129, 297, 434),  # kill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo, pidfd_open
     ),
-    "aarch64": (
+    "aarch64": Arch(
         0xC00000B7,
-        {198: errno.EACCES, 425: errno.EPERM, 426: errno.EPERM, 427: errno.EPERM, 157: errno.EPERM, 154: errno.EPERM},
+        {198: EACCES, 425: EPERM, 426: EPERM, 427: EPERM, 157: EPERM, 154: EPERM, 130: EPERM, 424: EPERM},
+        (129, 131, 138, 240, 434),
     ),
 }
 
@@ -146,37 +162,61 @@ def landlock(abi: int, read: list[str], write: list[str], devices: list[str]) ->
     os.close(ruleset)
 
 
-def seccomp_program(machine: str) -> list[tuple[int, int, int, int]]:
-    """A classic BPF program: another architecture's syscalls kill, denied ones return an errno."""
+def seccomp_program(machine: str, protected: tuple[int, ...] = ()) -> list[tuple[int, int, int, int]]:
+    """A classic BPF program: another architecture's syscalls kill, denied ones return an errno,
+    and signals (or pidfds) aimed at a `protected` pid or process group (the service, the keeper,
+    -1 for every process) fail with EPERM. Without Landlock's signal scoping the code runs as the
+    service's uid in the fallback mode and could otherwise kill it."""
     if machine not in ARCHES:
         raise OSError(errno.ENOSYS, f"no seccomp filter for {machine}")
-    arch, denied = ARCHES[machine]
-    prog = [(BPF_LD_W_ABS, 0, 0, 4), (BPF_JEQ_K, 1, 0, arch), (BPF_RET_K, 0, 0, RET_KILL_PROCESS)]
+    arch = ARCHES[machine]
+    prog = [(BPF_LD_W_ABS, 0, 0, 4), (BPF_JEQ_K, 1, 0, arch.audit), (BPF_RET_K, 0, 0, RET_KILL_PROCESS)]
     prog.append((BPF_LD_W_ABS, 0, 0, 0))
     if machine == "x86_64":  # the x32 ABI reaches the same syscalls under other numbers
         prog += [(BPF_JGE_K, 0, 1, X32_SYSCALL_BIT), (BPF_RET_K, 0, 0, RET_ERRNO | errno.ENOSYS)]
-    for nr, err in denied.items():
+    for nr, err in arch.denied.items():
         prog += [(BPF_JEQ_K, 0, 1, nr), (BPF_RET_K, 0, 0, RET_ERRNO | err)]
+    targets = sorted({pid & 0xFFFFFFFF for pid in protected})
+    for nr in arch.signalling:
+        # Past the block when the syscall differs; the block ends in a return, since it loads the
+        # argument over the syscall number.
+        prog.append((BPF_JEQ_K, 0, 2 + 2 * len(targets), nr))
+        prog.append((BPF_LD_W_ABS, 0, 0, SECCOMP_ARG0_LOW))
+        for target in targets:
+            prog += [(BPF_JEQ_K, 0, 1, target), (BPF_RET_K, 0, 0, RET_ERRNO | errno.EPERM)]
+        prog.append((BPF_RET_K, 0, 0, RET_ALLOW))
     prog.append((BPF_RET_K, 0, 0, RET_ALLOW))
     return prog
 
 
-def install_seccomp() -> None:
-    prog = seccomp_program(os.uname().machine)
+def protected_pids() -> tuple[int, ...]:
+    """What the code must not signal: this keeper and its group, the process that started it (the
+    service, in the fallback mode) and its group, and every process at once (-1)."""
+    pids = {os.getpid(), -os.getpid(), -1}
+    parent = os.getppid()
+    if parent > 1:
+        pids.add(parent)
+        with contextlib.suppress(OSError):
+            pids.add(-os.getpgid(parent))
+    return tuple(sorted(pids))
+
+
+def install_seccomp(protected: tuple[int, ...]) -> None:
+    prog = seccomp_program(os.uname().machine, protected)
     filters = (SockFilter * len(prog))(*[SockFilter(*ins) for ins in prog])
     fprog = SockFprog(len(prog), filters)
     mode = ctypes.c_ulong(SECCOMP_MODE_FILTER)
     _check(_libc.prctl(PR_SET_SECCOMP, mode, ctypes.byref(fprog), ctypes.c_ulong(0), ctypes.c_ulong(0)), "seccomp")
 
 
-def harden(config: dict[str, Any]) -> None:
+def harden(config: dict[str, Any], protected: tuple[int, ...]) -> None:
     set_limits(config["rlimits"])
     _check(_prctl(PR_SET_NO_NEW_PRIVS, 1), "no_new_privs")
     drop_capabilities()
     if config["landlock"]:
         ll = config["landlock"]
         landlock(ll["abi"], ll["read"], ll["write"], ll["devices"])
-    install_seccomp()
+    install_seccomp(protected)
 
 
 def run(config: dict[str, Any]) -> dict[str, Any]:
@@ -187,12 +227,13 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     _prctl(PR_SET_DUMPABLE, 0)
     setup_r, setup_w = os.pipe()  # close-on-exec: end-of-file once the code's interpreter runs
+    protected = protected_pids()
     pid = os.fork()
     if pid == 0:
         try:
             os.close(setup_r)
             os.setpgid(0, 0)
-            harden(config)
+            harden(config, protected)
             os.execve(config["python"], [config["python"], "-I", config["main"]], {})
         except OSError as err:
             os.write(setup_w, str(err).encode())
