@@ -30,8 +30,9 @@ class SandboxSettings(BaseSettings):
     cpu_seconds: Annotated[int, Field(ge=1)] = 10
     # Address space per process (RLIMIT_AS).
     memory_mb: Annotated[int, Field(ge=64)] = 512
-    # Processes (and threads) the code may have at once.
-    max_processes: Annotated[int, Field(ge=2)] = 32
+    # Processes (and threads) the code may have at once. In the fallback mode the kernel counts all
+    # of the uid's, the service's own (about 10, plus 3 per running call) included.
+    max_processes: Annotated[int, Field(ge=2)] = 64
     # Largest file the code may write.
     max_file_size_mb: Annotated[int, Field(ge=1)] = 16
     # Open file descriptors per process.
