@@ -106,7 +106,11 @@ class Engine:
         try:
             # Stored before the client learns the id: from then on any replica can read or cancel
             # it, and a crash leaves it to be found and marked interrupted.
-            await self._save(run)
+            try:
+                await self._save(run, required=True)
+            except RequestError:
+                finished = True  # nothing was stored and nobody heard of it: nothing to record
+                raise
             yield emitter.created()
             yield emitter.in_progress()
             try:
@@ -373,13 +377,21 @@ class Engine:
         response.completed_at.FromNanoseconds(time.time_ns())
         return tool_calls
 
-    async def _save(self, run: _Run) -> None:
+    async def _save(self, run: _Run, *, required: bool = False) -> None:
+        """Store the response as it is. `required` (the first save): a store that fails refuses
+        the response, rather than run one that could never be read back or continued."""
         if not run.response.store:
             return
         try:
             await self.store.save(StoredResponse(run.response, run.input_items, run.owner))
-        except Exception:
+        except Exception as err:
             log.exception("response %s: saving failed", run.response.id)
+            if required:
+                raise RequestError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"the response store is unavailable ({type(err).__name__}); nothing was started",
+                    reason="store_unavailable",
+                ) from err
 
 
 def _stop_outcome(handle: RunHandle) -> FinalOutcome:

@@ -11,6 +11,8 @@ import pytest
 from antwort_grpc import pb
 from antwort_grpc.providers.base import ProviderError
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text, Turn
+from antwort_grpc.storage.base import StoredResponse
+from antwort_grpc.storage.memory import MemoryStore
 from tests.fakes import MockExecutor, echo
 from tests.harness import (
     assert_valid_stream,
@@ -265,3 +267,35 @@ async def _finish(call: Any) -> None:
             pass
     else:
         await call
+
+
+class StoreThatGoesDown(MemoryStore):
+    down = False
+
+    async def save(self, record: StoredResponse) -> None:
+        if self.down:
+            raise ConnectionError("the database went away")
+        await super().save(record)
+
+
+@STREAM
+async def test_a_response_is_refused_while_its_store_is_down_rather_than_run_unrecorded(stream: bool) -> None:
+    store = StoreThatGoesDown()
+    store.down = True
+    provider = ScriptedProvider([[Text("fine")]], repeat=True)
+    async with running_gateway(provider=provider, store=store) as gw:
+        request = user("hi")
+        request.stream = stream
+        call = gw.stub.CreateResponse(request)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await _finish(call)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "store is unavailable" in (info.value.details() or "")
+        assert provider.requests == [], "the model was never called"
+        assert gw.gateway.engine.runs.running() == []
+
+        unstored = user("nothing to keep")
+        unstored.store = False
+        assert (await run(gw, unstored, stream)).status == S.RESPONSE_STATUS_COMPLETED
+        store.down = False
+        assert (await run(gw, user("hi again"), stream)).status == S.RESPONSE_STATUS_COMPLETED
