@@ -194,8 +194,12 @@ class ServerConnection:
                     connected = True
                     self.last_error = None
                     log.info("MCP server %r: connected, %d tools", self.label, len(self.tools))
-                    await self._attempt_finished()
-                    await self._serve(client)
+                    try:
+                        await self._attempt_finished()
+                        await self._serve(client)
+                    finally:
+                        # Not offered to callers while the client is being closed.
+                        self._client = None
             except Exception as err:
                 # A failed connect, a transport that died (its task group cancels this task and
                 # re-raises the cause here, grouped), or a close that went wrong.
@@ -236,6 +240,9 @@ class ServerConnection:
                 if self._note_failure(client, err):
                     return
                 log.warning("MCP server %r: listing tools failed: %s", self.label, err)
+            except Exception as err:
+                # A malformed listing: keep the connection and the previous listing.
+                log.warning("MCP server %r: listing tools failed: %s", self.label, _describe(err))
 
     async def _attempt_finished(self) -> None:
         self._attempts += 1
