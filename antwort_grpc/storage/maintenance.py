@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 log = logging.getLogger(__name__)
 
 Step = Callable[[], Awaitable[object]]
 
 
-def run_every(interval: float, steps: list[Step], name: str) -> asyncio.Task[None]:
+def run_every(interval: float, steps: Sequence[Step], name: str) -> asyncio.Task[None]:
     """Run the steps in order every `interval` seconds until cancelled. A failing step is logged
     and retried next time: a database blip must not end the sweep or the purge for good."""
 

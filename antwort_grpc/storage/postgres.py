@@ -111,7 +111,7 @@ class PostgresStore:
         steps = [store._ensure_session, store.mark_interrupted, store.poll_cancels]
         if options.ttl_seconds is not None:
             steps.append(store.purge_expired)
-        store._task = run_every(options.maintenance_interval, list(steps), "postgres-store-upkeep")
+        store._task = run_every(options.maintenance_interval, steps, "postgres-store-upkeep")
         return store
 
     async def close(self) -> None:
