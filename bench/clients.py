@@ -47,7 +47,13 @@ class StreamRead:
     lags_ns: list[int] = field(default_factory=list)
 
 
-async def read_stream(stub: Any, request: pb.CreateResponseRequest, *, stamped: bool = False) -> StreamRead:
+async def read_stream(
+    stub: Any,
+    request: pb.CreateResponseRequest,
+    *,
+    stamped: bool = False,
+    on_first_text: Callable[[], None] | None = None,
+) -> StreamRead:
     read = StreamRead(time.perf_counter())
     async for message in stub.CreateResponse(request):
         now = time.perf_counter()
@@ -61,6 +67,8 @@ async def read_stream(stub: Any, request: pb.CreateResponseRequest, *, stamped: 
         if kind == "output_text_delta":
             if not read.first_text:
                 read.first_text = now
+                if on_first_text is not None:
+                    on_first_text()
             if stamped:
                 read.lags_ns.append(time.monotonic_ns() - int(event.output_text_delta.delta))
         elif kind in ("completed", "incomplete", "failed", "cancelled", "requires_action"):

@@ -275,17 +275,26 @@ async def _hold_streams(scale: Scale, results: Results, gw: Child) -> None:
         base_rss = gw.rss_bytes()
         model = model_name(words=scale.tokens, delay=scale.token_delay, tools=1, stamp=True)
         request = pb.CreateResponseRequest(model=model, input_text="hi", stream=True, tools=tools)
-        open_now = peak_open = 0
+        # Open: the call is made. Streaming: tokens are arriving (the backend is answering it).
+        open_now = peak_open = streaming = peak_streaming = 0
         peak_rss = base_rss
         errors = 0
         lags: list[int] = []
 
         async def conversation(n: int) -> None:
-            nonlocal open_now, peak_open, errors
+            nonlocal open_now, peak_open, errors, streaming, peak_streaming
             open_now += 1
             peak_open = max(peak_open, open_now)
+            started = False
+
+            def tokens_started() -> None:
+                nonlocal streaming, peak_streaming, started
+                started = True
+                streaming += 1
+                peak_streaming = max(peak_streaming, streaming)
+
             try:
-                read = await read_stream(stubs[n % len(stubs)], request, stamped=True)
+                read = await read_stream(stubs[n % len(stubs)], request, stamped=True, on_first_text=tokens_started)
                 lags.extend(read.lags_ns)
                 tokens = len(read.lags_ns) == 2 * scale.tokens
                 if read.terminal != "completed" or not read.sequence_ok or not tokens:
@@ -294,6 +303,7 @@ async def _hold_streams(scale: Scale, results: Results, gw: Child) -> None:
                 errors += 1
             finally:
                 open_now -= 1
+                streaming -= started
 
         async def sample() -> None:
             nonlocal peak_rss
@@ -310,6 +320,7 @@ async def _hold_streams(scale: Scale, results: Results, gw: Child) -> None:
         wall = time.perf_counter() - started
         results.add("concurrency_errors", errors)
         results.add("concurrency_peak_open", peak_open)
+        results.add("concurrency_peak_streaming", peak_streaming)
         results.add("rss_per_stream_kb", (peak_rss - base_rss) / scale.streams / 1024, "KiB")
         results.add("token_lag_p99_ms", percentile(lags, 99) / 1e6 if lags else math.nan, "ms")
         results.add("token_lag_p50_ms", percentile(lags, 50) / 1e6 if lags else math.nan, "ms")

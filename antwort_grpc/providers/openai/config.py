@@ -25,8 +25,11 @@ class BackendConfig:
     backoff_cap: float = 4.0
     # A 429 asking for a longer wait than this fails at once instead of holding the call.
     max_retry_after: float = 30.0
-    # Open connections to the backend (the pool keeps them alive between requests).
-    max_connections: int = 256
+    # Open connections to the backend (the pool keeps them alive between requests); 0: no bound.
+    # Every model call in flight holds one (HTTP/1.1), so a bound below the number of concurrent
+    # conversations makes the others wait for a free connection, silently, and starves the health
+    # probe: measured with 1,000 streams held open (bench/RESULTS.md).
+    max_connections: int = 0
 
     @property
     def chat_url(self) -> str:
