@@ -150,11 +150,11 @@ class RemoteExecutor:
 
     @property
     def kind(self) -> int:
-        # MCP and SANDBOX say what the service is. A service of plain functions (the SDK's default
-        # kind, FUNCTION) still runs them here on the server side, so it must not be reported as
-        # FUNCTION: the engine hands calls of that kind to the client.
+        # A remote service always runs its calls on the server side; one that reports FUNCTION (the
+        # engine's kind for client-executed tools) must not have its calls handed to the client.
         kind = self._catalog.info.kind if self._catalog else K.TOOL_KIND_UNSPECIFIED
-        return kind if kind in (K.TOOL_KIND_MCP, K.TOOL_KIND_SANDBOX) else K.TOOL_KIND_UNSPECIFIED
+        server_kinds = (K.TOOL_KIND_MCP, K.TOOL_KIND_SANDBOX, K.TOOL_KIND_CUSTOM)
+        return kind if kind in server_kinds else K.TOOL_KIND_UNSPECIFIED
 
     @property
     def name(self) -> str:

@@ -47,7 +47,7 @@ SERVICE_NAME = "antwort.v1.ToolExecutorService"
 class ExecutorService:
     """One executor service. Override `list_tools` and `execute`; the rest has defaults."""
 
-    kind: pb.ToolKind = pb.ToolKind.TOOL_KIND_FUNCTION
+    kind: pb.ToolKind = pb.ToolKind.TOOL_KIND_CUSTOM
     name: str = "executor"
 
     async def list_tools(self) -> list[pb.ExecutorTool]:

@@ -16,10 +16,12 @@ class ToolKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOOL_KIND_FUNCTION: _ClassVar[ToolKind]
     TOOL_KIND_MCP: _ClassVar[ToolKind]
     TOOL_KIND_SANDBOX: _ClassVar[ToolKind]
+    TOOL_KIND_CUSTOM: _ClassVar[ToolKind]
 TOOL_KIND_UNSPECIFIED: ToolKind
 TOOL_KIND_FUNCTION: ToolKind
 TOOL_KIND_MCP: ToolKind
 TOOL_KIND_SANDBOX: ToolKind
+TOOL_KIND_CUSTOM: ToolKind
 
 class GetExecutorInfoRequest(_message.Message):
     __slots__ = ()

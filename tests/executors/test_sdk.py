@@ -62,7 +62,7 @@ def _call(name: str, **arguments: object) -> pb.FunctionCall:
 async def test_executor_info_lists_the_services_tools(weather: pb.ToolExecutorServiceStub) -> None:
     info = await weather.GetExecutorInfo(pb.GetExecutorInfoRequest())
     assert info.name == "weather"
-    assert info.kind == pb.ToolKind.TOOL_KIND_FUNCTION
+    assert info.kind == pb.ToolKind.TOOL_KIND_CUSTOM
     assert [t.function.name for t in info.tools] == ["get_weather"]
     assert info.tools[0].function.parameters["required"] == ["city"]
 
