@@ -16,10 +16,15 @@ from antwort_grpc.ids import new_id
 Status = pb.ItemStatus
 
 
+# The open items keep their id as a str: reading it back from the protobuf costs more, on every
+# delta.
+
+
 @dataclass(slots=True)
 class _OpenMessage:
     item: pb.Item
     index: int
+    item_id: str
     # (content index, kind, accumulated fragments) of the part receiving deltas.
     part_index: int = -1
     part_kind: str = ""
@@ -30,6 +35,7 @@ class _OpenMessage:
 class _OpenReasoning:
     item: pb.Item
     index: int
+    item_id: str
     fragments: list[str] = field(default_factory=list)
 
 
@@ -37,6 +43,7 @@ class _OpenReasoning:
 class _OpenCall:
     item: pb.Item
     index: int
+    item_id: str
     fragments: list[str] = field(default_factory=list)
 
 
@@ -125,7 +132,7 @@ class ResponseEmitter:
         if msg is None:
             item, index = self._open("msg")
             item.message.role = pb.Role.ROLE_ASSISTANT
-            msg = self._message = _OpenMessage(item, index)
+            msg = self._message = _OpenMessage(item, index, item.id)
             events.append(
                 pb.StreamEvent(
                     sequence_number=self._next(),
@@ -148,25 +155,15 @@ class ResponseEmitter:
                 )
             )
         msg.fragments.append(text)
-        seq = self._next()
-        if kind == "output_text":
-            events.append(
-                pb.StreamEvent(
-                    sequence_number=seq,
-                    output_text_delta=pb.OutputTextDeltaEvent(
-                        item_id=msg.item.id, output_index=msg.index, content_index=msg.part_index, delta=text
-                    ),
-                )
-            )
-        else:
-            events.append(
-                pb.StreamEvent(
-                    sequence_number=seq,
-                    refusal_delta=pb.RefusalDeltaEvent(
-                        item_id=msg.item.id, output_index=msg.index, content_index=msg.part_index, delta=text
-                    ),
-                )
-            )
+        # Delta events are filled in place: a payload built apart is copied when passed in, and
+        # these are most of a stream's events.
+        event = pb.StreamEvent(sequence_number=self._next())
+        delta = event.output_text_delta if kind == "output_text" else event.refusal_delta
+        delta.item_id = msg.item_id
+        delta.output_index = msg.index
+        delta.content_index = msg.part_index
+        delta.delta = text
+        events.append(event)
         return events
 
     def on_refusal(self, text: str) -> list[pb.StreamEvent]:
@@ -178,7 +175,7 @@ class ResponseEmitter:
         if r is None:
             item, index = self._open("rs")
             item.reasoning.SetInParent()
-            r = self._reasoning = _OpenReasoning(item, index)
+            r = self._reasoning = _OpenReasoning(item, index, item.id)
             events.append(
                 pb.StreamEvent(
                     sequence_number=self._next(),
@@ -186,12 +183,12 @@ class ResponseEmitter:
                 )
             )
         r.fragments.append(text)
-        events.append(
-            pb.StreamEvent(
-                sequence_number=self._next(),
-                reasoning_text_delta=pb.ReasoningTextDeltaEvent(item_id=r.item.id, output_index=r.index, delta=text),
-            )
-        )
+        event = pb.StreamEvent(sequence_number=self._next())
+        delta = event.reasoning_text_delta
+        delta.item_id = r.item_id
+        delta.output_index = r.index
+        delta.delta = text
+        events.append(event)
         return events
 
     def on_tool_call(self, index: int, call_id: str | None, name: str | None, arguments: str) -> list[pb.StreamEvent]:
@@ -203,7 +200,7 @@ class ResponseEmitter:
             item, out_index = self._open("fc")
             item.function_call.call_id = call_id or new_id("call")
             item.function_call.name = name or ""
-            call = self._calls[index] = _OpenCall(item, out_index)
+            call = self._calls[index] = _OpenCall(item, out_index, item.id)
             events.append(
                 pb.StreamEvent(
                     sequence_number=self._next(),
@@ -214,14 +211,12 @@ class ResponseEmitter:
             call.item.function_call.name = name
         if arguments:
             call.fragments.append(arguments)
-            events.append(
-                pb.StreamEvent(
-                    sequence_number=self._next(),
-                    function_call_arguments_delta=pb.FunctionCallArgumentsDeltaEvent(
-                        item_id=call.item.id, output_index=call.index, delta=arguments
-                    ),
-                )
-            )
+            event = pb.StreamEvent(sequence_number=self._next())
+            delta = event.function_call_arguments_delta
+            delta.item_id = call.item_id
+            delta.output_index = call.index
+            delta.delta = arguments
+            events.append(event)
         return events
 
     def close_turn(self, status: int = Status.ITEM_STATUS_COMPLETED) -> list[pb.StreamEvent]:

@@ -10,8 +10,6 @@ message.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Iterator
 
 from antwort_grpc import pb
 
@@ -53,14 +51,18 @@ class RunHandle:
         if self._timer is not None:
             self._timer.cancel()
 
-    @contextlib.contextmanager
-    def waiting(self) -> Iterator[None]:
-        """Mark an await on the model or tools as one a stop may interrupt."""
+    def waiting(self) -> RunHandle:
+        """Mark an await on the model or tools as one a stop may interrupt: `with handle.waiting():`.
+
+        The handle is its own context manager: this runs once per streamed delta, and a
+        generator-based one costs several times as much."""
+        return self
+
+    def __enter__(self) -> None:
         self.interruptible = True
-        try:
-            yield
-        finally:
-            self.interruptible = False
+
+    def __exit__(self, *exc: object) -> None:
+        self.interruptible = False
 
 
 class RunRegistry:

@@ -49,15 +49,15 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
             await abort(context, err)
             return
         if request.stream:
-            yield pb.CreateResponseResponse(event=first)
+            yield _message(first)
             async for event in events:
-                yield pb.CreateResponseResponse(event=event)
+                yield _message(event)
         else:
             # One code path: drain the same stream, send only the terminal event.
             last = first
             async for event in events:
                 last = event
-            yield pb.CreateResponseResponse(event=last)
+            yield _message(last)
 
     async def GetResponse(self, request: pb.GetResponseRequest, context: Context) -> pb.GetResponseResponse:
         response_id = await _required_id(request.response_id, context)
@@ -159,6 +159,14 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
             last_id=items[-1].id if items else "",
             has_more=page.has_more,
         )
+
+
+def _message(event: pb.StreamEvent) -> pb.CreateResponseResponse:
+    # CopyFrom into an empty message costs half of CreateResponseResponse(event=event), once
+    # per streamed event.
+    message = pb.CreateResponseResponse()
+    message.event.CopyFrom(event)
+    return message
 
 
 async def _required_id(response_id: str, context: Context) -> str:
