@@ -234,15 +234,24 @@ def _ms(seconds: float) -> float:
 TOOL_SECONDS = 0.2
 
 
-async def parallel_tools(
-    scale: Scale, results: Results, *, key: str = "parallel_tools_ratio", remote: str = ""
-) -> None:
-    """A model that calls 8 tools of 200 ms at once: the whole response's time over 200 ms."""
+async def parallel_tools(scale: Scale, results: Results, *, remote: bool = False) -> None:
+    """A model that calls 8 tools of 200 ms at once: the whole response's time over 200 ms. The
+    tools run in the gateway's process, or (`remote`) in a ToolExecutorService over gRPC."""
+    key = "parallel_tools_ratio_remote" if remote else "parallel_tools_ratio"
     args = ["--provider", "tools", "--calls", "8", "--tool-seconds", str(TOOL_SECONDS)]
-    if remote:
-        args += ["--remote-executor", remote]
+    async with contextlib.AsyncExitStack() as stack:
+        if remote:
+            service = await stack.enter_async_context(
+                running("executor", "bench.executor", "--tool-seconds", str(TOOL_SECONDS))
+            )
+            args += ["--remote-executor", service.target]
+        gw = await stack.enter_async_context(gateway(*args))
+        await _time_tools(scale, results, key, gw)
+
+
+async def _time_tools(scale: Scale, results: Results, key: str, gw: Child) -> None:
     request = pb.CreateResponseRequest(input_text="go", stream=True, tools=[function_tool("sleep")])
-    async with gateway(*args) as gw, channel(gw.target) as grpc_channel:
+    async with channel(gw.target) as grpc_channel:
         stub = pb.ResponsesServiceStub(grpc_channel)
         await read_stream(stub, request)  # warm-up
         for _ in range(scale.tool_repeats):

@@ -111,12 +111,14 @@ def _provider(args: argparse.Namespace) -> Provider:
     return OpenAICompatProvider(BackendConfig(base_url=args.backend_url, model="bench"))
 
 
-def _executors(args: argparse.Namespace) -> list[ToolExecutor]:
+async def _executors(args: argparse.Namespace) -> list[ToolExecutor]:
     executors: list[ToolExecutor] = [FunctionExecutor()]
     if args.remote_executor:
-        from antwort_grpc.executors.remote import RemoteExecutor  # type: ignore[import-not-found,unused-ignore]
+        from antwort_grpc.executors.remote import RemoteExecutor
 
-        executors.append(RemoteExecutor(args.remote_executor))
+        remote = RemoteExecutor(args.remote_executor)
+        await remote.start()
+        executors.append(remote)
     else:
         executors.append(BenchTools(args.tool_seconds))
     return executors
@@ -125,15 +127,17 @@ def _executors(args: argparse.Namespace) -> list[ToolExecutor]:
 async def _serve(args: argparse.Namespace) -> None:
     provider = _provider(args)
     settings = GatewaySettings(listen="127.0.0.1:0", model="bench", max_turns=50)
-    gateway = await start_gateway(settings, provider=provider, store=MemoryStore(), executors=_executors(args))
+    executors = await _executors(args)
+    gateway = await start_gateway(settings, provider=provider, store=MemoryStore(), executors=executors)
     print(f"READY {gateway.port}", flush=True)
     try:
         await until_stopped()
     finally:
         await gateway.stop(0)
-        close = getattr(provider, "aclose", None)
-        if close is not None:
-            await close()
+        for part in (provider, *executors):
+            close = getattr(part, "aclose", None) or getattr(part, "close", None)
+            if close is not None:
+                await close()
 
 
 def main() -> None:

@@ -39,6 +39,7 @@ async def _stream(scale: figures.Scale, results: Results, backend: Child) -> Non
 
 async def _tools(scale: figures.Scale, results: Results, backend: Child) -> None:
     await figures.parallel_tools(scale, results)
+    await figures.parallel_tools(scale, results, remote=True)
 
 
 FIGURES: dict[str, Figure] = {

@@ -20,6 +20,7 @@ KEYS = [
     "throughput_ratio_c1",
     "throughput_ratio_c32",
     "parallel_tools_ratio",
+    "parallel_tools_ratio_remote",
     "concurrency_errors",
     "rss_per_stream_kb",
     "token_lag_p99_ms",
