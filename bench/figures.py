@@ -160,17 +160,25 @@ async def overhead(scale: Scale, results: Results, backend: Child) -> None:
         gateway("--provider", "openai", "--backend-url", backend.url) as gw,
         channel(gw.target) as grpc_channel,
         Direct(backend.url, model) as direct,
+        running("echo", "bench.echo", "--count", "1") as echo,
+        channel(echo.target) as echo_channel,
     ):
         stub = pb.ResponsesServiceStub(grpc_channel)
+        echo_stub = pb.ResponsesServiceStub(echo_channel)
 
         async def via_gateway() -> None:
             response = await create(stub, plain)
             if response.status != pb.ResponseStatus.RESPONSE_STATUS_COMPLETED:
                 raise RuntimeError(f"gateway answered {pb.ResponseStatus.Name(response.status)}")
 
+        async def via_echo() -> None:
+            # The floor under any gRPC gateway in Python: one grpc.aio call of one message.
+            async for _ in echo_stub.CreateResponse(plain):
+                pass
+
         calls = {"gateway": via_gateway, "direct": direct.complete}
         # Warm both paths (connection pools, first-call code paths).
-        for call in calls.values():
+        for call in (via_gateway, direct.complete, via_echo):
             await drive(call, 20, 4)
         pooled: dict[str, list[float]] = {"gateway": [], "direct": []}
         for n in range(scale.rounds):
@@ -179,16 +187,21 @@ async def overhead(scale: Scale, results: Results, backend: Child) -> None:
             lat: dict[str, list[float]] = {}
             wall: dict[str, float] = {}
             for side in _order(flip):
-                before = gw.cpu_seconds()
+                before, client_before = gw.cpu_seconds(), time.process_time()
                 lat[side], wall[side] = await drive(calls[side], scale.c1_requests, 1)
+                client = _ms(time.process_time() - client_before) / scale.c1_requests
+                results.add(f"client_cpu_ms_per_request_{side}", client, "ms")
                 if side == "gateway":
                     results.add("gateway_cpu_ms_per_request", _ms(gw.cpu_seconds() - before) / scale.c1_requests, "ms")
                 pooled[side] += lat[side]
+            echo_latency, _ = await drive(via_echo, scale.c1_requests, 1)
+            results.add("grpc_floor_latency_p50_ms", _ms(percentile(echo_latency, 50)), "ms")
             p50 = {side: percentile(lat[side], 50) for side in lat}
             p99 = {side: percentile(lat[side], 99) for side in lat}
             results.add("added_latency_p50_ms", _ms(p50["gateway"] - p50["direct"]), "ms")
             results.add("added_latency_p99_ms", _ms(p99["gateway"] - p99["direct"]), "ms")
             results.add("direct_latency_p50_ms", _ms(p50["direct"]), "ms")
+            results.add("gateway_latency_p50_ms", _ms(p50["gateway"]), "ms")
             results.add("throughput_ratio_c1", wall["direct"] / wall["gateway"])
             # Time to the first token of a streamed answer: the gateway's first text delta event
             # against the backend's first content chunk.
