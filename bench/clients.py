@@ -43,8 +43,10 @@ class StreamRead:
     terminal: str = ""
     sequence_ok: bool = True
     response_id: str = ""
-    # Nanoseconds from the backend writing a stamped token to this client reading its event.
+    # Nanoseconds from the backend writing a stamped token to this client reading its event, and
+    # when it was read (perf_counter seconds).
     lags_ns: list[int] = field(default_factory=list)
+    lag_times: list[float] = field(default_factory=list)
 
 
 async def read_stream(
@@ -71,6 +73,7 @@ async def read_stream(
                     on_first_text()
             if stamped:
                 read.lags_ns.append(time.monotonic_ns() - int(event.output_text_delta.delta))
+                read.lag_times.append(now)
         elif kind in ("completed", "incomplete", "failed", "cancelled", "requires_action"):
             read.terminal = kind
             read.response_id = getattr(event, kind).response.id

@@ -36,6 +36,7 @@ from antwort_grpc.providers.base import (
     TurnRequest,
 )
 from antwort_grpc.server.app import start_gateway
+from antwort_grpc.server.run import tune_gc
 from antwort_grpc.storage.memory import MemoryStore
 from bench.procs import until_stopped
 
@@ -129,6 +130,8 @@ async def _serve(args: argparse.Namespace) -> None:
     settings = GatewaySettings(listen="127.0.0.1:0", model="bench", max_turns=50)
     executors = await _executors(args)
     gateway = await start_gateway(settings, provider=provider, store=MemoryStore(), executors=executors)
+    if not args.default_gc:
+        tune_gc()  # as `antwort-grpc serve` does
     print(f"READY {gateway.port}", flush=True)
     try:
         await until_stopped()
@@ -149,6 +152,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=8)
     parser.add_argument("--tool-seconds", type=float, default=0.2)
     parser.add_argument("--remote-executor", default="")
+    parser.add_argument("--default-gc", action="store_true", help="leave CPython's garbage collection as it is")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s gateway %(name)s: %(message)s")
     with contextlib.suppress(KeyboardInterrupt):

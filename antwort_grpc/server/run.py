@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 
 from antwort_grpc.config import GatewaySettings
@@ -11,10 +12,29 @@ from antwort_grpc.server.assemble import assemble
 log = logging.getLogger(__name__)
 
 
+# Young-generation collections every this many allocations (CPython's default: 700).
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Garbage collection for a process that holds many streams: start-up objects are frozen
+    (never walked again) and collections run far less often.
+
+    Every streamed event allocates a few container objects; with the defaults, a gateway holding
+    1,000 streams spent about 4 % of its time collecting, with pauses up to 100 ms that every
+    stream's next token waited out (bench/RESULTS.md). Reference counting still frees nearly
+    everything at once; only cyclic garbage waits longer."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
 async def serve(settings: GatewaySettings) -> None:
     parts = await assemble(settings)
     try:
         gateway = await start_gateway(settings, provider=parts.provider, store=parts.store, executors=parts.executors)
+        tune_gc()
         print(f"antwort-grpc serving on {gateway.target}", flush=True)
         await serve_until_signalled(gateway, settings.shutdown_grace, settings.shutdown_drain)
     finally:
