@@ -42,7 +42,7 @@ class Scale:
 
 FULL = Scale(
     rounds=5,
-    stream_rounds=15,
+    stream_rounds=25,
     deltas=2000,
     c1_requests=300,
     stream_requests=100,
@@ -283,10 +283,10 @@ async def concurrency(scale: Scale, results: Results, backend: Child) -> None:
         # A fresh gateway each time: Python keeps memory it once had, so a second run would
         # show no growth.
         async with gateway("--provider", "openai", "--backend-url", backend.url) as gw:
-            await _hold_streams(scale, results, gw)
+            await _hold_streams(scale, results, gw, backend)
 
 
-async def _hold_streams(scale: Scale, results: Results, gw: Child) -> None:
+async def _hold_streams(scale: Scale, results: Results, gw: Child, backend: Child) -> None:
     channels = [channel(gw.target) for _ in range(8)]
     stubs = [pb.ResponsesServiceStub(c) for c in channels]
     tools = [function_tool("noop")]
@@ -332,10 +332,15 @@ async def _hold_streams(scale: Scale, results: Results, gw: Child) -> None:
                 open_now -= 1
                 streaming -= started
 
+        # (time, CPU seconds of the gateway, of the backend, of this client process)
+        cpu_samples: list[tuple[float, float, float, float]] = []
+
         async def sample() -> None:
             nonlocal peak_rss
             while True:
                 peak_rss = max(peak_rss, gw.rss_bytes())
+                now = time.perf_counter()
+                cpu_samples.append((now, gw.cpu_seconds(), backend.cpu_seconds(), time.process_time()))
                 await asyncio.sleep(0.1)
 
         sampler = asyncio.create_task(sample())
@@ -359,6 +364,16 @@ async def _hold_streams(scale: Scale, results: Results, gw: Child) -> None:
             results.add("token_lag_p99_ms_held", percentile(held, 99) / 1e6, "ms")
             results.add("concurrency_held_s", min(ends) - max(first_tokens), "s")
         results.add("concurrency_wall_s", wall, "s")
+        # How busy the machine was in the busiest second: the three processes' CPU, in cores.
+        busiest = (0.0, 0.0)
+        for i, (t0, g0, _, _) in enumerate(cpu_samples):
+            for t1, g1, b1, c1 in cpu_samples[i + 1 :]:
+                if t1 - t0 >= 1.0:
+                    total = (g1 - g0 + b1 - cpu_samples[i][2] + c1 - cpu_samples[i][3]) / (t1 - t0)
+                    busiest = max(busiest, (total, (g1 - g0) / (t1 - t0)))
+                    break
+        results.add("concurrency_busiest_cores", busiest[0], "cores")
+        results.add("concurrency_busiest_gateway_cores", busiest[1], "cores")
     finally:
         for c in channels:
             await c.close()

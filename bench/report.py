@@ -54,6 +54,8 @@ ROWS = [
     Row("4 concurrency", "token_lag_p99_ms", "backend writes a token → client has its event, p99 (ms)", "<=", 50),
     Row("4 concurrency", "token_lag_p50_ms", "the same, p50 (ms)"),
     Row("4 concurrency", "token_lag_p99_ms_held", "the same, p99, only while all 1,000 receive tokens (ms)"),
+    Row("4 concurrency", "concurrency_busiest_cores", "gateway + backend + client CPU, busiest second (cores of 2)"),
+    Row("4 concurrency", "concurrency_busiest_gateway_cores", "the gateway's share of it (cores)"),
     Row("4 concurrency", "concurrency_held_s", "how long all 1,000 were receiving tokens at once (s)"),
     Row("5 growth", "turn_cost_ratio_10_vs_1", "CPU of a 10-turn response ÷ 10 x a 1-turn response", "<=", 1.2),
     Row("5 growth", "turn_cost_ratio_5_vs_1", "CPU of a 5-turn response ÷ 5 x a 1-turn response", "<=", 1.2),
