@@ -446,4 +446,5 @@ async def growth(scale: Scale, results: Results, backend: Child) -> None:
             if added_half > 0.1 * cpu["nochain"]:
                 # Linear in the chain: twice the chain adds twice the cost (quadratic: four times).
                 results.add("chain_growth_full_vs_half", (cpu["chain"] - cpu["nochain"]) / added_half)
-            results.add("gateway_cpu_ms_per_turn", cpu["turns1"] * 1e3, "ms")
+            for turns in (1, 5, 10):
+                results.add(f"turn_cost_ms_{turns}", cpu[f"turns{turns}"] / turns * 1e3, "ms")

@@ -75,11 +75,37 @@ def summarise(folded: str, top: int = 30) -> str:
         own[frames[-1]] += count
         for frame in set(frames):
             total[frame] += count
-    lines = [f"{samples} samples\n", "| self % | function |", "| ---: | --- |"]
+    parts: collections.Counter[str] = collections.Counter()
+    for frame, count in own.items():
+        parts[_part(frame)] += count
+    lines = [f"{samples} samples\n", "| self % | where the time goes |", "| ---: | --- |"]
+    lines += [f"| {100 * n / samples:.1f} | {part} |" for part, n in parts.most_common()]
+    lines += ["", "| self % | function |", "| ---: | --- |"]
     lines += [f"| {100 * n / samples:.1f} | `{f}` |" for f, n in own.most_common(top)]
     lines += ["", "| total % | function |", "| ---: | --- |"]
     lines += [f"| {100 * n / samples:.1f} | `{f}` |" for f, n in total.most_common(top)]
     return "\n".join(lines) + "\n"
+
+
+def _part(frame: str) -> str:
+    """Which part of the process a frame on the CPU belongs to."""
+    if frame.startswith("Handle._run (asyncio/events.py:80)"):
+        # Python samples stop at the callback; below it is C: mostly grpc's Cython and core.
+        return "C code run from event-loop callbacks (grpc's Cython/core, mostly)"
+    if frame.startswith("Thread.run (threading.py"):
+        return "other threads: grpc's completion-queue poller"
+    for marker, part in (
+        ("antwort_grpc/", "antwort_grpc (ours)"),
+        ("aiohttp/", "aiohttp"),
+        ("pydantic", "pydantic"),
+        ("google/protobuf", "protobuf (Python side)"),
+        ("grpc/", "grpc (Python side)"),
+        ("asyncio/", "asyncio event loop"),
+        ("selectors.py", "asyncio event loop"),
+    ):
+        if marker in frame:
+            return part
+    return "other"
 
 
 def _short(frame: str) -> str:
