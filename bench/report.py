@@ -132,7 +132,8 @@ def update(path: Path, data: dict[str, Any]) -> None:
     begin, end = _HISTORY
     match = re.search(re.escape(begin) + r"\n(.*?)" + re.escape(end), text, re.S)
     rows = [line for line in (match.group(1).splitlines() if match else []) if line.startswith("| 20")]
-    rows.append(history_row(data))
+    if data.get("scale") != "tiny":
+        rows.append(history_row(data))
     text = _replace(text, _HISTORY, history_header() + "\n" + "\n".join(rows))
     path.write_text(text)
 
