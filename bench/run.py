@@ -5,7 +5,8 @@
     python -m bench.run --only stream,tools --out /tmp/b   # some figures, elsewhere
     python -m bench.run --profile overhead   # py-spy on the gateway during one figure
 
-A tiny run writes its JSON but leaves RESULTS.md alone unless --report is given.
+Only a full run (no --tiny, --only or --repeats) writes bench/results/latest.json and updates
+bench/RESULTS.md; the others write to a temp dir (or --out) unless --report names a file.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -95,7 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--tiny", action="store_true", default=os.environ.get("BENCH_TINY", "") not in ("", "0"))
     parser.add_argument("--only", default="", help=f"comma-separated figures of {','.join(FIGURES)}")
-    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--out", type=Path, default=None, help="default: bench/results for a full run, else a temp dir")
     parser.add_argument("--report", type=Path, default=None, help="RESULTS.md to update (default: bench/RESULTS.md)")
     parser.add_argument("--repeats", type=int, default=0, help="override the number of repeats of every figure")
     parser.add_argument("--profile", default="", help="record py-spy profiles of the gateway during this figure")
@@ -105,6 +107,10 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown figures {unknown}")
     scale = figures.TINY if args.tiny else figures.FULL
+    if args.out is None:
+        # Only a full run of every figure replaces bench/results/latest.json.
+        full = not args.tiny and not args.only and not args.repeats
+        args.out = HERE / "results" if full else Path(tempfile.gettempdir()) / "antwort-bench"
     if args.repeats:
         n = args.repeats
         scale = dataclasses.replace(scale, rounds=n, stream_rounds=n, tool_repeats=n, stream_repeats=n)
@@ -112,7 +118,7 @@ def main() -> None:
     data = asyncio.run(run(names, scale, args.profile, args.out))
     (args.out / "latest.json").write_text(json.dumps(data, indent=2) + "\n")
     print(f"bench: wrote {args.out / 'latest.json'}", file=sys.stderr)
-    target = args.report or (None if args.tiny or args.only else HERE / "RESULTS.md")
+    target = args.report or (None if args.tiny or args.only or args.repeats else HERE / "RESULTS.md")
     if target is not None:
         report.update(target, data)
         print(f"bench: updated {target}", file=sys.stderr)
