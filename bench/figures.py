@@ -41,8 +41,8 @@ class Scale:
 
 
 FULL = Scale(
-    rounds=5,
-    stream_rounds=25,
+    rounds=7,
+    stream_rounds=31,
     deltas=2000,
     c1_requests=300,
     stream_requests=100,
