@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import socket
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -69,23 +68,9 @@ def reply_for(body: dict[str, Any]) -> Reply:
 
 class BenchBackend(FakeOpenAI):
     def __init__(self, port: int = 0) -> None:
-        super().__init__(port=port)
+        super().__init__(port=port, backlog=4096)
         # Long runs: remember only the last few requests.
         self.requests = collections.deque(maxlen=16)  # type: ignore[assignment]
-
-    async def start(self) -> None:
-        # As the base, with a listen backlog that holds a thousand connections opened at once.
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", self._port))
-        self._bound_port = sock.getsockname()[1]
-        await web.SockSite(self._runner, sock, backlog=4096).start()
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         # aiohttp keeps the body: the base handler reads it again.

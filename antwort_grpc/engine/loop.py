@@ -182,6 +182,7 @@ class Engine:
             calls = [i.function_call for i in run.pending]
             async for event in self._execute(run, emitter, handle, ExecuteTools(calls)):
                 yield event
+            await self._save(run)
         turn = 0
         while True:
             # Turn boundary: the place for hooks before a model call, injected messages, pausing.
@@ -241,6 +242,8 @@ class Engine:
                 case ExecuteTools():
                     async for event in self._execute(run, emitter, handle, outcome):
                         yield event
+                    # Tool results can be expensive to redo: a crash from here on keeps them.
+                    await self._save(run)
 
     async def _stream_turn(
         self, turn: TurnRequest, emitter: ResponseEmitter, handle: RunHandle

@@ -51,7 +51,10 @@ class FakeOpenAI:
         models: list[str] | None = None,
         api_key: str | None = None,
         port: int = 0,
+        backlog: int = 128,
     ) -> None:
+        # backlog: the listen queue; a benchmark opening a thousand connections at once needs more.
+        self._backlog = backlog
         self.script = Script(replies=list(replies), loop=loop, models=models, api_key=api_key)
         self.requests: list[ReceivedRequest] = []
         self.disconnects = 0
@@ -115,7 +118,7 @@ class FakeOpenAI:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", self._port))
         self._bound_port = sock.getsockname()[1]
-        await web.SockSite(self._runner, sock).start()
+        await web.SockSite(self._runner, sock, backlog=self._backlog).start()
 
     async def stop(self) -> None:
         if self._runner is not None:

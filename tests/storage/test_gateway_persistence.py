@@ -173,6 +173,27 @@ async def test_cancel_mid_stream_stores_cancelled_with_the_partial_output(store:
     assert output_text(saved).startswith("word word word")
 
 
+async def test_tool_results_are_stored_before_the_next_model_call(store: Any) -> None:
+    """A crash in a later turn loses no tool work: the running response already holds it."""
+    tools = MockExecutor({"lookup": echo})
+    provider = ScriptedProvider([[Call.of("lookup", {"q": "x"})], Turn([Text("slow answer " * 50)], delay=0.02)])
+    async with running_gateway(provider=provider, store=store, executors=[tools]) as gw:
+        request = user("look it up")
+        request.tools.append(function_tool("lookup", q="string"))
+        request.stream = True
+        events: list[pb.StreamEvent] = []
+        async for message in gw.stub.CreateResponse(request):
+            events.append(message.event)
+            if kinds(events)[-1] == "output_text_delta":
+                response_id = events[0].created.response.id
+                running = await stored(store, response_id)
+                await gw.stub.CancelResponse(pb.CancelResponseRequest(response_id=response_id))
+    assert running.status == S.RESPONSE_STATUS_IN_PROGRESS
+    assert output_kinds(running) == ["function_call", "function_call_output"]
+    assert running.output[1].function_call_output.output == echo(running.output[0].function_call)
+    assert kinds(events)[-1] == "cancelled"
+
+
 async def test_a_client_that_goes_away_leaves_a_cancelled_response(store: Any) -> None:
     provider = ScriptedProvider([Turn([Text("word " * 200)], delay=0.01)])
     async with running_gateway(provider=provider, store=store) as gw:
