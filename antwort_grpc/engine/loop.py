@@ -40,6 +40,7 @@ from antwort_grpc.providers.base import (
     FinishReason,
     Provider,
     ProviderError,
+    ProviderEvent,
     ReasoningDelta,
     RefusalDelta,
     TextDelta,
@@ -78,6 +79,25 @@ class _Run:
     # Server-side calls an earlier response paused on without running (a mixed turn).
     pending: list[pb.Item] = field(default_factory=list)
     outcome: FinalOutcome = field(default_factory=Completed)
+    # The first turn's model stream, started before `created` is written (see `Engine.run`).
+    early: _EarlyStream | None = None
+
+
+class _EarlyStream:
+    """A model stream whose first delta is already being awaited in a task of its own, so the
+    backend's round trip overlaps the writes of `created` and `in_progress`."""
+
+    __slots__ = ("first", "stream")
+
+    def __init__(self, stream: AsyncIterator[ProviderEvent]) -> None:
+        self.stream = stream
+        self.first: asyncio.Task[ProviderEvent] = asyncio.create_task(_next_delta(stream))
+
+    async def discard(self) -> None:
+        """Abandon it unused (the run stopped or failed before its first turn read it)."""
+        self.first.cancel()
+        await asyncio.gather(self.first, return_exceptions=True)
+        await _close(self.stream)
 
 
 class Engine:
@@ -111,6 +131,11 @@ class Engine:
             except RequestError:
                 finished = True  # nothing was stored and nobody heard of it: nothing to record
                 raise
+            if request.stream and not run.pending and self.config.max_turns > 0:
+                # The model is asked now, after the save: its round trip then overlaps the
+                # writes of the two events below instead of following them.
+                stream = aiter(self.provider.stream(self._turn_request(run, 1)))
+                run.early = _EarlyStream(stream)
             yield emitter.created()
             yield emitter.in_progress()
             try:
@@ -131,6 +156,9 @@ class Engine:
             except Exception as err:
                 log.exception("response %s failed", run.response.id)
                 run.outcome = Failed("internal_error", f"{type(err).__name__}: {err}")
+            if run.early is not None:
+                early, run.early = run.early, None
+                await asyncio.shield(early.discard())
             for event in emitter.close_turn(pb.ItemStatus.ITEM_STATUS_INCOMPLETE):
                 yield event
             tool_calls = self._finish(run)
@@ -139,6 +167,9 @@ class Engine:
             yield emitter.terminal(tool_calls)
         finally:
             try:
+                if run.early is not None:
+                    early, run.early = run.early, None
+                    await asyncio.shield(early.discard())
                 if not finished:
                     # The client went away (or the server is shutting down): keep what was done.
                     if run.response.status not in state.TERMINAL:
@@ -193,27 +224,22 @@ class Engine:
                 return
             turn += 1
             emitter.start_turn()
-            turn_request = TurnRequest(
-                model=run.response.model,
-                instructions=request.instructions,
-                items=tuple(run.context),
-                tools=run.tools.functions,
-                tool_choice=policy.turn_tool_choice(choice, turn),
-                parallel_tool_calls=run.response.parallel_tool_calls,
-                max_output_tokens=request.max_output_tokens if request.HasField("max_output_tokens") else None,
-                temperature=request.temperature if request.HasField("temperature") else None,
-                top_p=request.top_p if request.HasField("top_p") else None,
-            )
             finish = FinishReason.STOP
             if request.stream:
-                async for step in self._stream_turn(turn_request, emitter, handle):
+                # The first turn's stream may already be under way (started in `run`).
+                early, run.early = run.early, None
+                if early is not None:
+                    stream, first = early.stream, early.first
+                else:
+                    stream, first = aiter(self.provider.stream(self._turn_request(run, turn))), None
+                async for step in self._stream_turn(stream, first, emitter, handle):
                     if isinstance(step, FinishReason):
                         finish = step
                     else:
                         yield step
             else:
                 with handle.waiting():
-                    completion = await self.provider.complete(turn_request)
+                    completion = await self.provider.complete(self._turn_request(run, turn))
                 _add_usage(run.response, completion.usage)
                 finish = completion.finish
                 for item in completion.items:
@@ -245,19 +271,43 @@ class Engine:
                     # Tool results can be expensive to redo: a crash from here on keeps them.
                     await self._save(run)
 
+    def _turn_request(self, run: _Run, turn: int) -> TurnRequest:
+        request = run.request
+        choice = request.tool_choice if request.HasField("tool_choice") else None
+        return TurnRequest(
+            model=run.response.model,
+            instructions=request.instructions,
+            items=tuple(run.context),
+            tools=run.tools.functions,
+            tool_choice=policy.turn_tool_choice(choice, turn),
+            parallel_tool_calls=run.response.parallel_tool_calls,
+            max_output_tokens=request.max_output_tokens if request.HasField("max_output_tokens") else None,
+            temperature=request.temperature if request.HasField("temperature") else None,
+            top_p=request.top_p if request.HasField("top_p") else None,
+        )
+
     async def _stream_turn(
-        self, turn: TurnRequest, emitter: ResponseEmitter, handle: RunHandle
+        self,
+        stream: AsyncIterator[ProviderEvent],
+        first: asyncio.Task[ProviderEvent] | None,
+        emitter: ResponseEmitter,
+        handle: RunHandle,
     ) -> AsyncIterator[pb.StreamEvent | FinishReason]:
-        stream = aiter(self.provider.stream(turn))
         try:
             while True:
                 with handle.waiting():
-                    try:
-                        delta = await anext(stream)
-                    except StopAsyncIteration:
-                        raise ProviderError(
-                            "backend_protocol_error", "the model stream ended without a finish"
-                        ) from None
+                    if first is not None:
+                        # Awaiting the task directly: a stop that cancels this task cancels it too.
+                        pending, first = first, None
+                        delta = await pending
+                    else:
+                        # Inline rather than `_next_delta`: this runs once per delta.
+                        try:
+                            delta = await anext(stream)
+                        except StopAsyncIteration:
+                            raise ProviderError(
+                                "backend_protocol_error", "the model stream ended without a finish"
+                            ) from None
                 if handle.stop_requested:
                     raise _Stopped
                 if isinstance(delta, TextDelta):
@@ -283,9 +333,11 @@ class Engine:
                 for event in events:
                     yield event
         finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await asyncio.shield(aclose())
+            if first is not None:
+                # Ended before the early first delta was read (a stop while writing events).
+                first.cancel()
+                await asyncio.gather(first, return_exceptions=True)
+            await _close(stream)
 
     async def _execute(
         self, run: _Run, emitter: ResponseEmitter, handle: RunHandle, plan: ExecuteTools
@@ -395,6 +447,20 @@ class Engine:
                     f"the response store is unavailable ({type(err).__name__}); nothing was started",
                     reason="store_unavailable",
                 ) from err
+
+
+async def _next_delta(stream: AsyncIterator[ProviderEvent]) -> ProviderEvent:
+    """The first delta, awaited in a task of its own (a task needs a coroutine)."""
+    try:
+        return await anext(stream)
+    except StopAsyncIteration:
+        raise ProviderError("backend_protocol_error", "the model stream ended without a finish") from None
+
+
+async def _close(stream: AsyncIterator[ProviderEvent]) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await asyncio.shield(aclose())
 
 
 def _stop_outcome(handle: RunHandle) -> FinalOutcome:
