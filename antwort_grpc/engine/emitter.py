@@ -16,14 +16,11 @@ from antwort_grpc.ids import new_id
 Status = pb.ItemStatus
 
 
-# The open items keep their id as a str: reading it back from the protobuf costs more, on every
-# delta.
-
-
 @dataclass(slots=True)
 class _OpenMessage:
     item: pb.Item
     index: int
+    # Kept as a str by every open item: reading it back from the protobuf costs more, per delta.
     item_id: str
     # (content index, kind, accumulated fragments) of the part receiving deltas.
     part_index: int = -1

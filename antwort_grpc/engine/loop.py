@@ -156,9 +156,6 @@ class Engine:
             except Exception as err:
                 log.exception("response %s failed", run.response.id)
                 run.outcome = Failed("internal_error", f"{type(err).__name__}: {err}")
-            if run.early is not None:
-                early, run.early = run.early, None
-                await asyncio.shield(early.discard())
             for event in emitter.close_turn(pb.ItemStatus.ITEM_STATUS_INCOMPLETE):
                 yield event
             tool_calls = self._finish(run)
@@ -167,6 +164,7 @@ class Engine:
             yield emitter.terminal(tool_calls)
         finally:
             try:
+                # A model stream started early that no turn read (the run stopped or failed first).
                 if run.early is not None:
                     early, run.early = run.early, None
                     await asyncio.shield(early.discard())
