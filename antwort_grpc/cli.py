@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _migrate_parser(sub)
-    from antwort_grpc.executors.cli import add_executor_parser
+    from antwort_grpc.tool_services.cli import add_executor_parser
 
     add_executor_parser(sub)
     args = parser.parse_args(argv)

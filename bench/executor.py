@@ -13,7 +13,7 @@ import logging
 
 from antwort_grpc import pb
 from antwort_grpc.executors.base import ProgressSink
-from antwort_grpc.executors.sdk import ExecutorService, function_tool, serve_executor, text_result
+from antwort_grpc.tool_services.sdk import ExecutorService, function_tool, serve_executor, text_result
 from bench.procs import until_stopped
 
 _EMPTY = {"type": "object", "properties": {}}

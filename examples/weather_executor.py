@@ -12,7 +12,7 @@ import json
 
 from antwort_grpc import pb
 from antwort_grpc.executors.base import ProgressSink
-from antwort_grpc.executors.sdk import ExecutorService, function_tool, text_result
+from antwort_grpc.tool_services.sdk import ExecutorService, function_tool, text_result
 
 FORECASTS = {"berlin": "12°C, rain", "lisbon": "21°C, sunny"}
 

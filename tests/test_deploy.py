@@ -17,8 +17,8 @@ import yaml
 
 from antwort_grpc.cli import main
 from antwort_grpc.config import ExecutorSettings, GatewaySettings
-from antwort_grpc.executors.mcp import McpBridgeSettings
-from antwort_grpc.executors.sandbox import SandboxSettings
+from antwort_grpc.tool_services.mcp import McpBridgeSettings
+from antwort_grpc.tool_services.sandbox import SandboxSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

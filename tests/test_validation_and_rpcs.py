@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from antwort_grpc import pb
 from antwort_grpc.providers.scripted import ScriptedProvider, Text
-from antwort_grpc.server.validation import validate_create
+from antwort_grpc.responses.validation import validate_create
 from tests.harness import GatewayClient, function_tool, running_gateway, user
 
 

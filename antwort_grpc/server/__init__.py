@@ -1,1 +1,1 @@
-"""gRPC wiring: the ResponsesService servicer, request validation, the server process."""
+"""gRPC wiring: the ResponsesService servicer (an adapter of the responses layer), the server process."""

@@ -12,8 +12,8 @@ import grpc
 from antwort_grpc import pb
 from antwort_grpc.engine import Engine
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument, not_found
-from antwort_grpc.server.errors import abort
-from antwort_grpc.server.validation import validate_create
+from antwort_grpc.responses.validation import validate_create
+from antwort_grpc.status import abort
 from antwort_grpc.storage.base import RUNNING, CancelSignals, ResponseStore, StoredResponse
 
 # grpc ships no type information: the servicer context is untyped.

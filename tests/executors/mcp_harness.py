@@ -14,8 +14,8 @@ from typing import Any
 import grpc
 
 from antwort_grpc import pb
-from antwort_grpc.executors.mcp import McpBridge, McpBridgeSettings, McpServerConfig
-from antwort_grpc.executors.sdk import serve_executor
+from antwort_grpc.tool_services.mcp import McpBridge, McpBridgeSettings, McpServerConfig
+from antwort_grpc.tool_services.sdk import serve_executor
 
 SERVERS = Path(__file__).with_name("mcp_servers.py")
 # Generous for a process start (importing the SDK takes a second or two), short for the rest.

@@ -22,8 +22,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from antwort_grpc import pb
 from antwort_grpc.executors.base import FunctionExecutor, ProgressSink
 from antwort_grpc.executors.remote import RemoteExecutor, RemoteSettings, build_executors, start_all
-from antwort_grpc.executors.sdk import ExecutorServer, ExecutorService, function_tool, serve_executor, text_result
 from antwort_grpc.providers.base import Provider, TurnRequest
+from antwort_grpc.tool_services.sdk import ExecutorServer, ExecutorService, function_tool, serve_executor, text_result
 from tests.harness import GatewayClient, running_gateway
 
 ROOT = Path(__file__).resolve().parents[2]

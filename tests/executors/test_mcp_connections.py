@@ -16,8 +16,8 @@ import grpc
 import pytest
 
 from antwort_grpc import pb
-from antwort_grpc.executors.mcp import McpServerConfig
-from antwort_grpc.executors.mcp.config import HeaderFromFile
+from antwort_grpc.tool_services.mcp import McpServerConfig
+from antwort_grpc.tool_services.mcp.config import HeaderFromFile
 from tests.executors.mcp_harness import (
     SERVERS,
     execute,

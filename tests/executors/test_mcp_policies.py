@@ -11,10 +11,10 @@ from mcp import types as mt
 from pydantic import ValidationError
 
 from antwort_grpc import pb
-from antwort_grpc.executors.mcp.config import McpBridgeSettings, McpServerConfig
-from antwort_grpc.executors.mcp.connection import parse_arguments
-from antwort_grpc.executors.mcp.results import executor_tool, function_output, progress_message
-from antwort_grpc.executors.mcp.routing import Refused, route
+from antwort_grpc.tool_services.mcp.config import McpBridgeSettings, McpServerConfig
+from antwort_grpc.tool_services.mcp.connection import parse_arguments
+from antwort_grpc.tool_services.mcp.results import executor_tool, function_output, progress_message
+from antwort_grpc.tool_services.mcp.routing import Refused, route
 
 PNG = base64.b64encode(b"12345678").decode()
 

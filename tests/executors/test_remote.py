@@ -12,7 +12,7 @@ import pytest
 from antwort_grpc import pb
 from antwort_grpc.executors.base import HostedToolSource, current_deadline
 from antwort_grpc.executors.remote import HEALTH_PREFIX, RemoteExecutor, RemoteSettings, build_executors
-from antwort_grpc.executors.sdk import ExecutorServer, ExecutorService, serve_executor
+from antwort_grpc.tool_services.sdk import ExecutorServer, ExecutorService, serve_executor
 from tests.executors.remote_services import (
     CODE_INTERPRETER,
     FAST,

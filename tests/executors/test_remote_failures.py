@@ -9,9 +9,9 @@ import time
 
 from antwort_grpc import pb
 from antwort_grpc.executors.remote import RemoteSettings
-from antwort_grpc.executors.sdk import serve_executor
 from antwort_grpc.providers.base import TurnRequest
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
+from antwort_grpc.tool_services.sdk import serve_executor
 from tests.executors.remote_services import (
     NOT_SERVING,
     SERVING,

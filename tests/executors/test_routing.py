@@ -12,9 +12,9 @@ import pytest
 from antwort_grpc import pb
 from antwort_grpc.executors.base import FunctionExecutor, ProgressSink
 from antwort_grpc.executors.remote import RemoteExecutor, RemoteSettings
-from antwort_grpc.executors.sdk import ToolExecutorServicer, function_tool, text_result
 from antwort_grpc.providers.base import TurnRequest
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
+from antwort_grpc.tool_services.sdk import ToolExecutorServicer, function_tool, text_result
 from tests.executors.remote_services import (
     CODE_INTERPRETER,
     Bridge,

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from antwort_grpc.executors.sandbox import SandboxSettings
-from antwort_grpc.executors.sandbox.child import ARCHES, RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS, seccomp_program
-from antwort_grpc.executors.sandbox.isolation import NAMESPACE_FLAGS, Isolation
-from antwort_grpc.executors.sandbox.limits import Limits, read_capped
-from antwort_grpc.executors.sandbox.output import collect_files, exit_status
-from antwort_grpc.executors.sandbox.service import _code, prepare_runner
+from antwort_grpc.tool_services.sandbox import SandboxSettings
+from antwort_grpc.tool_services.sandbox.child import ARCHES, RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS, seccomp_program
+from antwort_grpc.tool_services.sandbox.isolation import NAMESPACE_FLAGS, Isolation
+from antwort_grpc.tool_services.sandbox.limits import Limits, read_capped
+from antwort_grpc.tool_services.sandbox.output import collect_files, exit_status
+from antwort_grpc.tool_services.sandbox.service import _code, prepare_runner
 
 # Root hands the code to uid 65534, which cannot reach an interpreter under /root (pyenv, say).
 PYTHON = "/usr/bin/python3" if os.geteuid() == 0 else sys.executable

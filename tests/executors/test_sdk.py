@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from antwort_grpc import pb
 from antwort_grpc.executors.base import ProgressSink
-from antwort_grpc.executors.sdk import ExecutorServer, ExecutorService, function_tool, serve_executor, text_result
+from antwort_grpc.tool_services.sdk import ExecutorServer, ExecutorService, function_tool, serve_executor, text_result
 from examples.weather_executor import Weather
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import json
 from mcp import types as mt
 
 from antwort_grpc import pb
-from antwort_grpc.executors.sdk import function_tool
+from antwort_grpc.tool_services.sdk import function_tool
 
 
 def executor_tool(tool: mt.Tool, server_label: str) -> pb.ExecutorTool:

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from antwort_grpc.executors.sandbox.settings import SandboxSettings
+from antwort_grpc.tool_services.sandbox.settings import SandboxSettings
 
 MIB = 1024 * 1024
 CHUNK = 64 * 1024

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 from antwort_grpc import pb
 from antwort_grpc.executors.base import ProgressSink
-from antwort_grpc.executors.mcp.config import McpBridgeSettings, McpServerConfig
-from antwort_grpc.executors.mcp.connection import ServerConnection, parse_arguments
-from antwort_grpc.executors.mcp.routing import Refused, route
-from antwort_grpc.executors.sdk import ExecutorService, text_result
+from antwort_grpc.tool_services.mcp.config import McpBridgeSettings, McpServerConfig
+from antwort_grpc.tool_services.mcp.connection import ServerConnection, parse_arguments
+from antwort_grpc.tool_services.mcp.routing import Refused, route
+from antwort_grpc.tool_services.sdk import ExecutorService, text_result
 
 # Seconds CanExecute waits for a server that is not connected; callers time it out at a few
 # seconds (the gateway at 2).

@@ -13,17 +13,17 @@ import grpc
 from antwort_grpc import pb
 from antwort_grpc.errors import RequestError
 from antwort_grpc.executors.base import ProgressSink
-from antwort_grpc.executors.sandbox.isolation import (
+from antwort_grpc.tool_services.sandbox.isolation import (
     SYSTEM_READ_PATHS,
     Isolation,
     interpreter_prefixes,
     landlock_abi,
     make_undumpable,
 )
-from antwort_grpc.executors.sandbox.limits import Limits
-from antwort_grpc.executors.sandbox.runner import FilePolicy, Runner
-from antwort_grpc.executors.sandbox.settings import SandboxSettings
-from antwort_grpc.executors.sdk import ExecutorService, function_tool, text_result
+from antwort_grpc.tool_services.sandbox.limits import Limits
+from antwort_grpc.tool_services.sandbox.runner import FilePolicy, Runner
+from antwort_grpc.tool_services.sandbox.settings import SandboxSettings
+from antwort_grpc.tool_services.sdk import ExecutorService, function_tool, text_result
 
 log = logging.getLogger(__name__)
 

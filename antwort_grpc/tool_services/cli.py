@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from antwort_grpc.config import ExecutorSettings
-from antwort_grpc.executors.sdk import ExecutorService, run_executor
+from antwort_grpc.tool_services.sdk import ExecutorService, run_executor
 
 
 def common_flags(p: argparse.ArgumentParser) -> None:
@@ -64,7 +64,7 @@ def _mcp_parser(roles: Any) -> None:
 
 def _run_mcp(args: argparse.Namespace) -> int:
     # Imported here: only this role loads the MCP SDK.
-    from antwort_grpc.executors.mcp import McpBridge, McpBridgeSettings
+    from antwort_grpc.tool_services.mcp import McpBridge, McpBridgeSettings
 
     settings = McpBridgeSettings(**({"config": args.config} if args.config else {}))
     # The SDK's HTTP client logs every MCP request at INFO.
@@ -79,7 +79,7 @@ def _sandbox_parser(roles: Any) -> None:
 
 
 def _run_sandbox(args: argparse.Namespace) -> int:
-    from antwort_grpc.executors.sandbox import SandboxError, SandboxService
+    from antwort_grpc.tool_services.sandbox import SandboxError, SandboxService
 
     try:
         return serve_role(executor_settings(args), SandboxService())

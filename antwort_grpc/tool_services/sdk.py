@@ -36,7 +36,7 @@ from grpc_reflection.v1alpha import reflection
 from antwort_grpc import pb
 from antwort_grpc.errors import RequestError
 from antwort_grpc.executors.base import ProgressSink
-from antwort_grpc.server.errors import abort
+from antwort_grpc.status import abort
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any
 
-from antwort_grpc.executors.sandbox.limits import Captured
+from antwort_grpc.tool_services.sandbox.limits import Captured
 
 # Signals that mean a resource limit stopped the code (the kernel sends them).
 LIMIT_SIGNALS = {signal.SIGXCPU: "cpu", signal.SIGXFSZ: "file_size"}

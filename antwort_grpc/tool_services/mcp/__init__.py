@@ -13,7 +13,7 @@ names. A request sees a server's tools only when it names that server (the gatew
 - bridge.py: the ExecutorService over all of it.
 """
 
-from antwort_grpc.executors.mcp.bridge import McpBridge
-from antwort_grpc.executors.mcp.config import McpBridgeSettings, McpServerConfig
+from antwort_grpc.tool_services.mcp.bridge import McpBridge
+from antwort_grpc.tool_services.mcp.config import McpBridgeSettings, McpServerConfig
 
 __all__ = ["McpBridge", "McpBridgeSettings", "McpServerConfig"]

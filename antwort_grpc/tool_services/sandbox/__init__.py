@@ -5,7 +5,7 @@ call; child.py hardens the child process; isolation.py says what this machine al
 and settings.py hold the limits; output.py is the result's JSON. docs/sandbox.md is the user guide.
 """
 
-from antwort_grpc.executors.sandbox.service import SandboxError, SandboxService
-from antwort_grpc.executors.sandbox.settings import SandboxSettings
+from antwort_grpc.tool_services.sandbox.service import SandboxError, SandboxService
+from antwort_grpc.tool_services.sandbox.settings import SandboxSettings
 
 __all__ = ["SandboxError", "SandboxService", "SandboxSettings"]

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from antwort_grpc.executors.base import ProgressSink
-from antwort_grpc.executors.sandbox.isolation import Isolation
-from antwort_grpc.executors.sandbox.limits import Captured, Limits, read_capped
-from antwort_grpc.executors.sandbox.output import Outcome, ProducedFile, collect_files, exit_status
+from antwort_grpc.tool_services.sandbox.isolation import Isolation
+from antwort_grpc.tool_services.sandbox.limits import Captured, Limits, read_capped
+from antwort_grpc.tool_services.sandbox.output import Outcome, ProducedFile, collect_files, exit_status
 
 log = logging.getLogger(__name__)
 
