@@ -21,6 +21,8 @@ lint: venv
 	$(BIN)/ruff format --check antwort_grpc tests scripts examples
 	$(BIN)/mypy antwort_grpc
 	cd protos && ../$(BIN)/buf lint
+	# The contract only grows: Go/Java code generated from the baseline keeps working.
+	cd protos && ../$(BIN)/buf breaking --against contract-baseline.binpb
 	$(BIN)/hadolint Dockerfile
 	$(BIN)/kubernetes-validate --strict --quiet deploy/*.yaml
 
