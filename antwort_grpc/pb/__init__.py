@@ -2,16 +2,27 @@
 """The antwort.v1 protobuf messages, enums and gRPC stubs."""
 
 # ruff: noqa: F401, E501
-from antwort_grpc.pb.event_pb2 import StreamEvent, ResponseCreatedEvent, ResponseInProgressEvent, OutputItemAddedEvent, OutputItemDoneEvent, ContentPartAddedEvent, ContentPartDoneEvent, OutputTextDeltaEvent, OutputTextDoneEvent, RefusalDeltaEvent, RefusalDoneEvent, FunctionCallArgumentsDeltaEvent, FunctionCallArgumentsDoneEvent, ReasoningTextDeltaEvent, ReasoningTextDoneEvent, ResponseCompletedEvent, ResponseRequiresActionEvent, ResponseIncompleteEvent, ResponseFailedEvent, ResponseCancelledEvent, ToolExecutionInProgressEvent, ToolExecutionProgressEvent, ToolExecutionCompletedEvent, ToolExecutionFailedEvent
-from antwort_grpc.pb.item_pb2 import ItemStatus, Role, ImageDetail, Item, Message, ContentPart, InputText, OutputText, Refusal, InputImage, FunctionCall, FunctionCallOutput, Reasoning
+from antwort_grpc.pb.control_pb2 import Control, SteerControl, FollowUpControl, PauseControl, ResumeControl, CancelControl, ControlRejected, FieldViolation
+from antwort_grpc.pb.event_pb2 import TurnDecision, InputKind, StreamEvent, ResponseCreatedEvent, ResponseInProgressEvent, OutputItemAddedEvent, OutputItemDoneEvent, ContentPartAddedEvent, ContentPartDoneEvent, OutputTextDeltaEvent, OutputTextDoneEvent, RefusalDeltaEvent, RefusalDoneEvent, FunctionCallArgumentsDeltaEvent, FunctionCallArgumentsDoneEvent, ReasoningTextDeltaEvent, ReasoningTextDoneEvent, ResponseCompletedEvent, ResponseRequiresActionEvent, ResponseIncompleteEvent, ResponseFailedEvent, ResponseCancelledEvent, ToolExecutionInProgressEvent, ToolExecutionProgressEvent, ToolExecutionCompletedEvent, ToolExecutionFailedEvent, TurnStartedEvent, TurnDecidedEvent, ApprovalRequestedEvent, PausedEvent, ResumedEvent, InputInjectedEvent, TurnCompletedEvent
+from antwort_grpc.pb.item_pb2 import ItemStatus, Role, ImageDetail, Item, Message, ContentPart, InputText, OutputText, Refusal, InputImage, FunctionCall, FunctionCallOutput, Reasoning, ApprovalRequest, ApprovalResponse
 from antwort_grpc.pb.response_pb2 import ResponseStatus, Usage, ResponseError, IncompleteDetails, Response
-from antwort_grpc.pb.responses_service_pb2 import ListOrder, CreateResponseRequest, ItemList, CreateResponseResponse, GetResponseRequest, GetResponseResponse, DeleteResponseRequest, DeleteResponseResponse, CancelResponseRequest, CancelResponseResponse, ListInputItemsRequest, ListInputItemsResponse
+from antwort_grpc.pb.responses_service_pb2 import ListOrder, CreateResponseRequest, ItemList, CreateResponseResponse, GetResponseRequest, GetResponseResponse, DeleteResponseRequest, DeleteResponseResponse, CancelResponseRequest, CancelResponseResponse, ListInputItemsRequest, ListInputItemsResponse, ConverseRequest, ConverseResponse, ControlResponseRequest, ControlResponseResponse
 from antwort_grpc.pb.responses_service_pb2_grpc import ResponsesServiceStub, ResponsesServiceServicer, add_ResponsesServiceServicer_to_server, ResponsesService
 from antwort_grpc.pb.tool_executor_service_pb2 import ToolKind, GetExecutorInfoRequest, GetExecutorInfoResponse, ExecutorTool, CanExecuteRequest, CanExecuteResponse, ExecuteRequest, ExecuteResponse, ToolProgress
 from antwort_grpc.pb.tool_executor_service_pb2_grpc import ToolExecutorServiceStub, ToolExecutorServiceServicer, add_ToolExecutorServiceServicer_to_server, ToolExecutorService
-from antwort_grpc.pb.tool_pb2 import ToolChoiceMode, Tool, FunctionTool, McpTool, CodeInterpreterTool, ToolChoice, NamedToolChoice, AllowedTools
+from antwort_grpc.pb.tool_pb2 import ApprovalMode, ToolChoiceMode, Tool, RequireApproval, FunctionTool, McpTool, CodeInterpreterTool, ToolChoice, NamedToolChoice, AllowedTools
 
 __all__ = [
+    "Control",
+    "SteerControl",
+    "FollowUpControl",
+    "PauseControl",
+    "ResumeControl",
+    "CancelControl",
+    "ControlRejected",
+    "FieldViolation",
+    "TurnDecision",
+    "InputKind",
     "StreamEvent",
     "ResponseCreatedEvent",
     "ResponseInProgressEvent",
@@ -36,6 +47,13 @@ __all__ = [
     "ToolExecutionProgressEvent",
     "ToolExecutionCompletedEvent",
     "ToolExecutionFailedEvent",
+    "TurnStartedEvent",
+    "TurnDecidedEvent",
+    "ApprovalRequestedEvent",
+    "PausedEvent",
+    "ResumedEvent",
+    "InputInjectedEvent",
+    "TurnCompletedEvent",
     "ItemStatus",
     "Role",
     "ImageDetail",
@@ -49,6 +67,8 @@ __all__ = [
     "FunctionCall",
     "FunctionCallOutput",
     "Reasoning",
+    "ApprovalRequest",
+    "ApprovalResponse",
     "ResponseStatus",
     "Usage",
     "ResponseError",
@@ -66,6 +86,10 @@ __all__ = [
     "CancelResponseResponse",
     "ListInputItemsRequest",
     "ListInputItemsResponse",
+    "ConverseRequest",
+    "ConverseResponse",
+    "ControlResponseRequest",
+    "ControlResponseResponse",
     "ResponsesServiceStub",
     "ResponsesServiceServicer",
     "add_ResponsesServiceServicer_to_server",
@@ -83,8 +107,10 @@ __all__ = [
     "ToolExecutorServiceServicer",
     "add_ToolExecutorServiceServicer_to_server",
     "ToolExecutorService",
+    "ApprovalMode",
     "ToolChoiceMode",
     "Tool",
+    "RequireApproval",
     "FunctionTool",
     "McpTool",
     "CodeInterpreterTool",

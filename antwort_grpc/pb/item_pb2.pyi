@@ -44,20 +44,24 @@ IMAGE_DETAIL_LOW: ImageDetail
 IMAGE_DETAIL_HIGH: ImageDetail
 
 class Item(_message.Message):
-    __slots__ = ("id", "status", "message", "function_call", "function_call_output", "reasoning")
+    __slots__ = ("id", "status", "message", "function_call", "function_call_output", "reasoning", "approval_request", "approval_response")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_CALL_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_CALL_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     REASONING_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     id: str
     status: ItemStatus
     message: Message
     function_call: FunctionCall
     function_call_output: FunctionCallOutput
     reasoning: Reasoning
-    def __init__(self, id: _Optional[str] = ..., status: _Optional[_Union[ItemStatus, str]] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., function_call: _Optional[_Union[FunctionCall, _Mapping]] = ..., function_call_output: _Optional[_Union[FunctionCallOutput, _Mapping]] = ..., reasoning: _Optional[_Union[Reasoning, _Mapping]] = ...) -> None: ...
+    approval_request: ApprovalRequest
+    approval_response: ApprovalResponse
+    def __init__(self, id: _Optional[str] = ..., status: _Optional[_Union[ItemStatus, str]] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., function_call: _Optional[_Union[FunctionCall, _Mapping]] = ..., function_call_output: _Optional[_Union[FunctionCallOutput, _Mapping]] = ..., reasoning: _Optional[_Union[Reasoning, _Mapping]] = ..., approval_request: _Optional[_Union[ApprovalRequest, _Mapping]] = ..., approval_response: _Optional[_Union[ApprovalResponse, _Mapping]] = ...) -> None: ...
 
 class Message(_message.Message):
     __slots__ = ("role", "content")
@@ -134,3 +138,25 @@ class Reasoning(_message.Message):
     summary: str
     encrypted_content: str
     def __init__(self, text: _Optional[str] = ..., summary: _Optional[str] = ..., encrypted_content: _Optional[str] = ...) -> None: ...
+
+class ApprovalRequest(_message.Message):
+    __slots__ = ("call_id", "name", "arguments", "server_label")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    SERVER_LABEL_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    name: str
+    arguments: str
+    server_label: str
+    def __init__(self, call_id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ..., server_label: _Optional[str] = ...) -> None: ...
+
+class ApprovalResponse(_message.Message):
+    __slots__ = ("call_id", "approve", "reason")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    APPROVE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    approve: bool
+    reason: str
+    def __init__(self, call_id: _Optional[str] = ..., approve: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...

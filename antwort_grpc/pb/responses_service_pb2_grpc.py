@@ -61,6 +61,16 @@ class ResponsesServiceStub:
                 request_serializer=antwort_dot_v1_dot_responses__service__pb2.ListInputItemsRequest.SerializeToString,
                 response_deserializer=antwort_dot_v1_dot_responses__service__pb2.ListInputItemsResponse.FromString,
                 _registered_method=True)
+        self.Converse = channel.stream_stream(
+                '/antwort.v1.ResponsesService/Converse',
+                request_serializer=antwort_dot_v1_dot_responses__service__pb2.ConverseRequest.SerializeToString,
+                response_deserializer=antwort_dot_v1_dot_responses__service__pb2.ConverseResponse.FromString,
+                _registered_method=True)
+        self.ControlResponse = channel.unary_unary(
+                '/antwort.v1.ResponsesService/ControlResponse',
+                request_serializer=antwort_dot_v1_dot_responses__service__pb2.ControlResponseRequest.SerializeToString,
+                response_deserializer=antwort_dot_v1_dot_responses__service__pb2.ControlResponseResponse.FromString,
+                _registered_method=True)
 
 
 class ResponsesServiceServicer:
@@ -100,6 +110,23 @@ class ResponsesServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Converse(self, request_iterator, context):
+        """An interactive session on one stream. The first message starts a response (create); later
+        messages control it (steer, follow up, approve, pause, resume, cancel); once it has ended,
+        another create starts the next one. The server sends the same events as CreateResponse
+        (always streamed), and a `rejected` message for a client message it did not accept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ControlResponse(self, request, context):
+        """Sends a control to a response in progress, wherever it runs (any replica).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ResponsesServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +154,16 @@ def add_ResponsesServiceServicer_to_server(servicer, server):
                     servicer.ListInputItems,
                     request_deserializer=antwort_dot_v1_dot_responses__service__pb2.ListInputItemsRequest.FromString,
                     response_serializer=antwort_dot_v1_dot_responses__service__pb2.ListInputItemsResponse.SerializeToString,
+            ),
+            'Converse': grpc.stream_stream_rpc_method_handler(
+                    servicer.Converse,
+                    request_deserializer=antwort_dot_v1_dot_responses__service__pb2.ConverseRequest.FromString,
+                    response_serializer=antwort_dot_v1_dot_responses__service__pb2.ConverseResponse.SerializeToString,
+            ),
+            'ControlResponse': grpc.unary_unary_rpc_method_handler(
+                    servicer.ControlResponse,
+                    request_deserializer=antwort_dot_v1_dot_responses__service__pb2.ControlResponseRequest.FromString,
+                    response_serializer=antwort_dot_v1_dot_responses__service__pb2.ControlResponseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -265,6 +302,60 @@ class ResponsesService:
             '/antwort.v1.ResponsesService/ListInputItems',
             antwort_dot_v1_dot_responses__service__pb2.ListInputItemsRequest.SerializeToString,
             antwort_dot_v1_dot_responses__service__pb2.ListInputItemsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Converse(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/antwort.v1.ResponsesService/Converse',
+            antwort_dot_v1_dot_responses__service__pb2.ConverseRequest.SerializeToString,
+            antwort_dot_v1_dot_responses__service__pb2.ConverseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ControlResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/antwort.v1.ResponsesService/ControlResponse',
+            antwort_dot_v1_dot_responses__service__pb2.ControlResponseRequest.SerializeToString,
+            antwort_dot_v1_dot_responses__service__pb2.ControlResponseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61ntwort/v1/tool.proto\x12\nantwort.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x9d\x01\n\x04Tool\x12,\n\x08\x66unction\x18\x01 \x01(\x0b\x32\x18.antwort.v1.FunctionToolH\x00\x12\"\n\x03mcp\x18\x02 \x01(\x0b\x32\x13.antwort.v1.McpToolH\x00\x12;\n\x10\x63ode_interpreter\x18\x03 \x01(\x0b\x32\x1f.antwort.v1.CodeInterpreterToolH\x00\x42\x06\n\x04kind\"n\n\x0c\x46unctionTool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12+\n\nparameters\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"6\n\x07McpTool\x12\x14\n\x0cserver_label\x18\x01 \x01(\t\x12\x15\n\rallowed_tools\x18\x02 \x03(\t\"\x15\n\x13\x43odeInterpreterTool\"\xa6\x01\n\nToolChoice\x12*\n\x04mode\x18\x01 \x01(\x0e\x32\x1a.antwort.v1.ToolChoiceModeH\x00\x12/\n\x08\x66unction\x18\x02 \x01(\x0b\x32\x1b.antwort.v1.NamedToolChoiceH\x00\x12\x31\n\rallowed_tools\x18\x03 \x01(\x0b\x32\x18.antwort.v1.AllowedToolsH\x00\x42\x08\n\x06\x63hoice\"\x1f\n\x0fNamedToolChoice\x12\x0c\n\x04name\x18\x01 \x01(\t\"L\n\x0c\x41llowedTools\x12(\n\x04mode\x18\x01 \x01(\x0e\x32\x1a.antwort.v1.ToolChoiceMode\x12\x12\n\ntool_names\x18\x02 \x03(\t*\x87\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x01\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x02\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x03\x42\x65\n\x14io.github.antwort.v1B\tToolProtoP\x01Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61ntwort/v1/tool.proto\x12\nantwort.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xd4\x01\n\x04Tool\x12,\n\x08\x66unction\x18\x01 \x01(\x0b\x32\x18.antwort.v1.FunctionToolH\x00\x12\"\n\x03mcp\x18\x02 \x01(\x0b\x32\x13.antwort.v1.McpToolH\x00\x12;\n\x10\x63ode_interpreter\x18\x03 \x01(\x0b\x32\x1f.antwort.v1.CodeInterpreterToolH\x00\x12\x35\n\x10require_approval\x18\x04 \x01(\x0b\x32\x1b.antwort.v1.RequireApprovalB\x06\n\x04kind\"M\n\x0fRequireApproval\x12&\n\x04mode\x18\x01 \x01(\x0e\x32\x18.antwort.v1.ApprovalMode\x12\x12\n\ntool_names\x18\x02 \x03(\t\"n\n\x0c\x46unctionTool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12+\n\nparameters\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"6\n\x07McpTool\x12\x14\n\x0cserver_label\x18\x01 \x01(\t\x12\x15\n\rallowed_tools\x18\x02 \x03(\t\"\x15\n\x13\x43odeInterpreterTool\"\xa6\x01\n\nToolChoice\x12*\n\x04mode\x18\x01 \x01(\x0e\x32\x1a.antwort.v1.ToolChoiceModeH\x00\x12/\n\x08\x66unction\x18\x02 \x01(\x0b\x32\x1b.antwort.v1.NamedToolChoiceH\x00\x12\x31\n\rallowed_tools\x18\x03 \x01(\x0b\x32\x18.antwort.v1.AllowedToolsH\x00\x42\x08\n\x06\x63hoice\"\x1f\n\x0fNamedToolChoice\x12\x0c\n\x04name\x18\x01 \x01(\t\"L\n\x0c\x41llowedTools\x12(\n\x04mode\x18\x01 \x01(\x0e\x32\x1a.antwort.v1.ToolChoiceMode\x12\x12\n\ntool_names\x18\x02 \x03(\t*`\n\x0c\x41pprovalMode\x12\x1d\n\x19\x41PPROVAL_MODE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x41PPROVAL_MODE_NEVER\x10\x01\x12\x18\n\x14\x41PPROVAL_MODE_ALWAYS\x10\x02*\x87\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x01\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x02\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x03\x42\x65\n\x14io.github.antwort.v1B\tToolProtoP\x01Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,20 +34,24 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'antwort.v1.tool_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\024io.github.antwort.v1B\tToolProtoP\001Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1'
-  _globals['_TOOLCHOICEMODE']._serialized_start=699
-  _globals['_TOOLCHOICEMODE']._serialized_end=834
+  _globals['_APPROVALMODE']._serialized_start=832
+  _globals['_APPROVALMODE']._serialized_end=928
+  _globals['_TOOLCHOICEMODE']._serialized_start=931
+  _globals['_TOOLCHOICEMODE']._serialized_end=1066
   _globals['_TOOL']._serialized_start=68
-  _globals['_TOOL']._serialized_end=225
-  _globals['_FUNCTIONTOOL']._serialized_start=227
-  _globals['_FUNCTIONTOOL']._serialized_end=337
-  _globals['_MCPTOOL']._serialized_start=339
-  _globals['_MCPTOOL']._serialized_end=393
-  _globals['_CODEINTERPRETERTOOL']._serialized_start=395
-  _globals['_CODEINTERPRETERTOOL']._serialized_end=416
-  _globals['_TOOLCHOICE']._serialized_start=419
-  _globals['_TOOLCHOICE']._serialized_end=585
-  _globals['_NAMEDTOOLCHOICE']._serialized_start=587
-  _globals['_NAMEDTOOLCHOICE']._serialized_end=618
-  _globals['_ALLOWEDTOOLS']._serialized_start=620
-  _globals['_ALLOWEDTOOLS']._serialized_end=696
+  _globals['_TOOL']._serialized_end=280
+  _globals['_REQUIREAPPROVAL']._serialized_start=282
+  _globals['_REQUIREAPPROVAL']._serialized_end=359
+  _globals['_FUNCTIONTOOL']._serialized_start=361
+  _globals['_FUNCTIONTOOL']._serialized_end=471
+  _globals['_MCPTOOL']._serialized_start=473
+  _globals['_MCPTOOL']._serialized_end=527
+  _globals['_CODEINTERPRETERTOOL']._serialized_start=529
+  _globals['_CODEINTERPRETERTOOL']._serialized_end=550
+  _globals['_TOOLCHOICE']._serialized_start=553
+  _globals['_TOOLCHOICE']._serialized_end=719
+  _globals['_NAMEDTOOLCHOICE']._serialized_start=721
+  _globals['_NAMEDTOOLCHOICE']._serialized_end=752
+  _globals['_ALLOWEDTOOLS']._serialized_start=754
+  _globals['_ALLOWEDTOOLS']._serialized_end=830
 # @@protoc_insertion_point(module_scope)

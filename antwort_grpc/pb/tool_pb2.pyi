@@ -9,26 +9,45 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ApprovalMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    APPROVAL_MODE_UNSPECIFIED: _ClassVar[ApprovalMode]
+    APPROVAL_MODE_NEVER: _ClassVar[ApprovalMode]
+    APPROVAL_MODE_ALWAYS: _ClassVar[ApprovalMode]
+
 class ToolChoiceMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TOOL_CHOICE_MODE_UNSPECIFIED: _ClassVar[ToolChoiceMode]
     TOOL_CHOICE_MODE_AUTO: _ClassVar[ToolChoiceMode]
     TOOL_CHOICE_MODE_REQUIRED: _ClassVar[ToolChoiceMode]
     TOOL_CHOICE_MODE_NONE: _ClassVar[ToolChoiceMode]
+APPROVAL_MODE_UNSPECIFIED: ApprovalMode
+APPROVAL_MODE_NEVER: ApprovalMode
+APPROVAL_MODE_ALWAYS: ApprovalMode
 TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode
 TOOL_CHOICE_MODE_AUTO: ToolChoiceMode
 TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode
 TOOL_CHOICE_MODE_NONE: ToolChoiceMode
 
 class Tool(_message.Message):
-    __slots__ = ("function", "mcp", "code_interpreter")
+    __slots__ = ("function", "mcp", "code_interpreter", "require_approval")
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     MCP_FIELD_NUMBER: _ClassVar[int]
     CODE_INTERPRETER_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_APPROVAL_FIELD_NUMBER: _ClassVar[int]
     function: FunctionTool
     mcp: McpTool
     code_interpreter: CodeInterpreterTool
-    def __init__(self, function: _Optional[_Union[FunctionTool, _Mapping]] = ..., mcp: _Optional[_Union[McpTool, _Mapping]] = ..., code_interpreter: _Optional[_Union[CodeInterpreterTool, _Mapping]] = ...) -> None: ...
+    require_approval: RequireApproval
+    def __init__(self, function: _Optional[_Union[FunctionTool, _Mapping]] = ..., mcp: _Optional[_Union[McpTool, _Mapping]] = ..., code_interpreter: _Optional[_Union[CodeInterpreterTool, _Mapping]] = ..., require_approval: _Optional[_Union[RequireApproval, _Mapping]] = ...) -> None: ...
+
+class RequireApproval(_message.Message):
+    __slots__ = ("mode", "tool_names")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    TOOL_NAMES_FIELD_NUMBER: _ClassVar[int]
+    mode: ApprovalMode
+    tool_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, mode: _Optional[_Union[ApprovalMode, str]] = ..., tool_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FunctionTool(_message.Message):
     __slots__ = ("name", "description", "parameters", "strict")
