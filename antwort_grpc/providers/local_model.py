@@ -21,6 +21,7 @@ import sys
 from collections.abc import AsyncGenerator
 from pathlib import Path
 
+from antwort_grpc import pb
 from antwort_grpc.providers.base import Completion, ProviderError, ProviderEvent, ProviderHealth, TurnRequest
 from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
 
@@ -92,6 +93,31 @@ class LocalModelServer:
             await process.wait()
 
 
+def refuse_unservable(turn: TurnRequest, served: str) -> None:
+    """What the one small model cannot do is refused, not quietly answered by it anyway: another
+    model's name (the response would claim a model that never ran), and a tool choice that
+    demands a call (it does not call tools)."""
+    if turn.model and turn.model != served:
+        raise ProviderError(
+            "model_not_found",
+            f"the embedded local model is {served!r}; {turn.model!r} needs a backend that serves it "
+            "(ANTWORT_BACKEND_URL)",
+        )
+    choice = turn.tool_choice
+    if choice is None:
+        return
+    kind = choice.WhichOneof("choice")
+    forced = kind == "function" or (kind == "mode" and choice.mode == pb.ToolChoiceMode.TOOL_CHOICE_MODE_REQUIRED)
+    if kind == "allowed_tools" and choice.allowed_tools.mode == pb.ToolChoiceMode.TOOL_CHOICE_MODE_REQUIRED:
+        forced = True
+    if forced:
+        raise ProviderError(
+            "invalid_request",
+            f"the embedded local model {served!r} does not call tools, so a required or forced tool_choice "
+            "cannot be honoured: use tool_choice auto, or a backend that calls tools (ANTWORT_BACKEND_URL)",
+        )
+
+
 class LocalModelProvider:
     """A Provider that starts the local model server on first use (or on `start()`) and talks to
     it through the OpenAI-compatible provider."""
@@ -116,12 +142,14 @@ class LocalModelProvider:
         return self._provider
 
     async def stream(self, turn: TurnRequest) -> AsyncGenerator[ProviderEvent, None]:
+        refuse_unservable(turn, self.model_name)
         backend = await self._backend()
         async with contextlib.aclosing(backend.stream(turn)) as events:
             async for event in events:
                 yield event
 
     async def complete(self, turn: TurnRequest) -> Completion:
+        refuse_unservable(turn, self.model_name)
         return await (await self._backend()).complete(turn)
 
     async def check_health(self) -> ProviderHealth:

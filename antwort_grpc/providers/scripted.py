@@ -36,6 +36,10 @@ from antwort_grpc.providers.base import (
 )
 
 
+class ScriptError(ValueError):
+    """A script file that cannot be played."""
+
+
 @dataclass(frozen=True, slots=True)
 class Text:
     text: str
@@ -90,8 +94,27 @@ class ScriptedProvider:
 
     @classmethod
     def from_file(cls, path: Path | str) -> ScriptedProvider:
-        data = json.loads(Path(path).read_text())
-        turns: list[TurnSource] = [_turn_from_json(t) for t in data["turns"]]
+        """Raises ScriptError, whose message says what is wrong with the file."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as error:
+            raise ScriptError(f"cannot read {path}: {error.strerror}") from error
+        except ValueError as error:
+            raise ScriptError(f"{path} is not JSON: {error}") from error
+        if not isinstance(data, dict) or not isinstance(data.get("turns"), list):
+            hint = ""
+            if isinstance(data, dict) and "replies" in data:
+                hint = (
+                    " (it is a script of the fake OpenAI-compatible backend: run it with "
+                    "`python -m antwort_grpc.testing.fake_openai --script FILE` and point --backend-url at it)"
+                )
+            raise ScriptError(f'{path} has no "turns" list{hint}')
+        turns: list[TurnSource] = []
+        for number, turn in enumerate(data["turns"], 1):
+            try:
+                turns.append(_turn_from_json(turn))
+            except (KeyError, TypeError, ValueError, AttributeError) as error:
+                raise ScriptError(f"{path}: turn {number} is malformed ({type(error).__name__}: {error})") from error
         return cls(turns, repeat=bool(data.get("repeat", False)), chunk_delay=float(data.get("chunk_delay", 0.0)))
 
     def _take(self, request: TurnRequest) -> Turn:

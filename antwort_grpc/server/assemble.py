@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.executors.base import FunctionExecutor, ToolExecutor
 from antwort_grpc.providers.base import Provider
+from antwort_grpc.startup import StartupError
 from antwort_grpc.storage.base import ResponseStore
 
 log = logging.getLogger(__name__)
@@ -25,11 +26,15 @@ class Parts:
     closers: list[Closer] = field(default_factory=list)
 
     async def close(self) -> None:
-        for close in reversed(self.closers):
-            try:
-                await close()
-            except Exception:
-                log.exception("shutdown step failed")
+        await close_all(self.closers)
+
+
+async def close_all(closers: list[Closer]) -> None:
+    for close in reversed(closers):
+        try:
+            await close()
+        except Exception:
+            log.exception("shutdown step failed")
 
 
 async def assemble(settings: GatewaySettings) -> Parts:
@@ -37,10 +42,18 @@ async def assemble(settings: GatewaySettings) -> Parts:
     from antwort_grpc.storage.factory import open_store, options_from
 
     closers: list[Closer] = []
-    store = await open_store(settings.store, settings.data_dir, options_from(settings))
+    try:
+        store = await open_store(settings.store, settings.data_dir, options_from(settings))
+    except Exception as error:  # whatever the store's driver raises, the setting to change is the same
+        where = settings.store or f"SQLite under --data-dir {settings.data_dir}"
+        raise StartupError(f"--store / ANTWORT_STORE ({where}): {error}") from error
     if hasattr(store, "close"):
         closers.append(store.close)
-    provider = await build_provider(settings)
+    try:
+        provider = await build_provider(settings)
+    except BaseException:
+        await close_all(closers)  # a store left open would keep its threads and lock
+        raise
     if hasattr(provider, "aclose"):
         closers.append(provider.aclose)
     executors: list[ToolExecutor] = [FunctionExecutor()]

@@ -27,6 +27,7 @@ from antwort_grpc.testing.fake_openai_script import (
     Reply,
     Script,
     ScriptedToolCall,
+    history_problem,
     split_fragments,
     split_words,
 )
@@ -52,10 +53,11 @@ class FakeOpenAI:
         api_key: str | None = None,
         port: int = 0,
         backlog: int = 128,
+        strict: bool = False,
     ) -> None:
         # backlog: the listen queue; a benchmark opening a thousand connections at once needs more.
         self._backlog = backlog
-        self.script = Script(replies=list(replies), loop=loop, models=models, api_key=api_key)
+        self.script = Script(replies=list(replies), loop=loop, models=models, api_key=api_key, strict=strict)
         self.requests: list[ReceivedRequest] = []
         self.disconnects = 0
         self.in_flight = 0
@@ -71,7 +73,14 @@ class FakeOpenAI:
 
     @classmethod
     def from_script(cls, script: Script, port: int = 0) -> FakeOpenAI:
-        return cls(*script.replies, loop=script.loop, models=script.models, api_key=script.api_key, port=port)
+        return cls(
+            *script.replies,
+            loop=script.loop,
+            models=script.models,
+            api_key=script.api_key,
+            port=port,
+            strict=script.strict,
+        )
 
     def add(self, *replies: Reply) -> None:
         self.script.replies.extend(replies)
@@ -166,6 +175,8 @@ class FakeOpenAI:
         self._received.set()
         if (denied := self._check_auth(request)) is not None:
             return denied
+        if self.script.strict and (problem := history_problem(body.get("messages") or [])) is not None:
+            return _error(400, problem, None)
         model = str(body.get("model", ""))
         if self.script.models is not None and model not in self.script.models:
             return _error(404, f"The model `{model}` does not exist.", "model_not_found")
@@ -314,9 +325,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8011)
     parser.add_argument("--script", help="JSON file: {replies: [...], loop, models, api_key}")
     parser.add_argument("--loop", action="store_true", help="start over when the replies are used up")
+    parser.add_argument("--strict", action="store_true", help="reject histories OpenAI rejects (HTTP 400)")
     args = parser.parse_args()
     script = Script.model_validate_json(Path(args.script).read_text()) if args.script else Script()
     script.loop = script.loop or args.loop
+    script.strict = script.strict or args.strict
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(args, script))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -68,6 +69,8 @@ class Script(BaseModel):
     models: list[str] | None = None
     # When set, requests without "Authorization: Bearer <api_key>" get a 401.
     api_key: str | None = None
+    # Reject a history OpenAI rejects (tool calls not answered at once by tool messages) with its 400.
+    strict: bool = False
 
 
 _WORDS = re.compile(r"\S+\s*|\s+")
@@ -84,3 +87,34 @@ def split_fragments(arguments: str, fragments: int) -> list[str]:
         return [arguments]
     size = -(-len(arguments) // fragments)
     return [arguments[i : i + size] for i in range(0, len(arguments), size)]
+
+
+def history_problem(messages: list[dict[str, Any]]) -> str | None:
+    """What OpenAI's Chat Completions API says about a history it rejects, or None when valid:
+    every assistant message with tool_calls must be followed at once by one tool message per call,
+    and a tool message must answer a call of the assistant message before it."""
+    waiting: list[str] = []
+    for position, message in enumerate(messages):
+        role = message.get("role")
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id not in waiting:
+                return (
+                    f"Invalid parameter: messages[{position}]: messages with role 'tool' must be a response "
+                    "to a preceeding message with 'tool_calls'."
+                )
+            waiting.remove(call_id)
+            continue
+        if waiting:
+            return (
+                "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+                f"'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(waiting)}"
+            )
+        if role == "assistant":
+            waiting = [str(call.get("id")) for call in message.get("tool_calls") or []]
+    if waiting:
+        return (
+            "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+            f"'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(waiting)}"
+        )
+    return None

@@ -10,10 +10,15 @@ import argparse
 import asyncio
 import importlib
 import logging
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import ValidationError
+
 from antwort_grpc.config import ExecutorSettings
+from antwort_grpc.startup import StartupError, bind_error, check_listen, is_bind_failure, settings_error
 from antwort_grpc.tool_services.sdk import ExecutorService, run_executor
 
 
@@ -24,12 +29,21 @@ def common_flags(p: argparse.ArgumentParser) -> None:
 
 def executor_settings(args: argparse.Namespace) -> ExecutorSettings:
     names = ["listen", "log_level"]
-    return ExecutorSettings(**{n: getattr(args, n) for n in names if getattr(args, n, None) is not None})
+    try:
+        return ExecutorSettings(**{n: getattr(args, n) for n in names if getattr(args, n, None) is not None})
+    except ValidationError as error:
+        raise settings_error(ExecutorSettings, error, names) from error
 
 
 def serve_role(settings: ExecutorSettings, service: ExecutorService) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(run_executor(service, settings.listen))
+    check_listen(settings.listen, "--listen / ANTWORT_EXECUTOR_LISTEN")
+    try:
+        asyncio.run(run_executor(service, settings.listen))
+    except (RuntimeError, OSError) as error:
+        if is_bind_failure(error) or str(error).startswith("cannot listen on"):
+            raise bind_error(settings.listen, "--listen / ANTWORT_EXECUTOR_LISTEN") from error
+        raise
     return 0
 
 
@@ -43,11 +57,19 @@ def _custom_parser(roles: Any) -> None:
 def load_service(path: str) -> ExecutorService:
     module_name, _, class_name = path.partition(":")
     if not class_name:
-        raise SystemExit(f"{path!r}: expected module:Class")
-    cls = getattr(importlib.import_module(module_name), class_name)
+        raise StartupError(f"{path!r}: expected module:Class")
+    # Like `python -m`: a module next to where the command runs (examples/, your project) imports.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as error:
+        raise StartupError(
+            f"cannot load {path}: {error} (run from the directory that holds {module_name.split('.')[0]})"
+        ) from error
     service = cls()
     if not isinstance(service, ExecutorService):
-        raise SystemExit(f"{path!r} is not an ExecutorService subclass")
+        raise StartupError(f"{path!r} is not an ExecutorService subclass")
     return service
 
 

@@ -37,7 +37,7 @@ async def test_the_local_model_streams_a_real_answer_and_stops_with_its_owner() 
         out = await drain(provider, request)
         completion = await provider.complete(request)
         through_gateway = pb.CreateResponseRequest(input_text="Say hello.", max_output_tokens=8, temperature=0)
-        async with running_gateway(provider=provider, executors=[]) as gw:
+        async with running_gateway(provider=provider, executors=[], model=local_model.MODEL_NAME) as gw:
             response = final(await gw.stream(through_gateway))
     finally:
         server = provider._server._process
@@ -52,3 +52,35 @@ async def test_the_local_model_streams_a_real_answer_and_stops_with_its_owner() 
     assert response.status in (S.RESPONSE_STATUS_COMPLETED, S.RESPONSE_STATUS_INCOMPLETE)
     assert output_text(response).strip() and response.usage.output_tokens > 0
     assert server is not None and server.returncode is not None, "the child process is gone"
+
+
+async def test_the_response_names_the_local_model_and_other_models_or_forced_tools_are_refused() -> None:
+    model = local_model.model_file()
+    assert model is not None
+    provider = LocalModelProvider(model)
+    weather = pb.Tool(function=pb.FunctionTool(name="get_weather"))
+    forced = pb.CreateResponseRequest(
+        input_text="Weather?",
+        tools=[weather],
+        tool_choice=pb.ToolChoice(function=pb.NamedToolChoice(name="get_weather")),
+    )
+    required = pb.CreateResponseRequest(
+        input_text="Weather?",
+        tools=[weather],
+        tool_choice=pb.ToolChoice(mode=pb.ToolChoiceMode.TOOL_CHOICE_MODE_REQUIRED),
+    )
+    try:
+        async with running_gateway(provider=provider, executors=[], model=local_model.MODEL_NAME) as gw:
+            answered = await gw.create(pb.CreateResponseRequest(input_text="Say hi.", max_output_tokens=4))
+            other = await gw.create(pb.CreateResponseRequest(input_text="Say hi.", model="gpt-4o"))
+            refused = [await gw.create(forced), await gw.create(required)]
+    finally:
+        await provider.aclose()
+
+    S = pb.ResponseStatus
+    assert answered.model == "smollm2-135m-instruct"
+    assert other.status == S.RESPONSE_STATUS_FAILED and other.error.code == "model_not_found"
+    assert "'gpt-4o' needs a backend that serves it" in other.error.message
+    for response in refused:
+        assert response.status == S.RESPONSE_STATUS_FAILED and response.error.code == "invalid_request"
+        assert "does not call tools" in response.error.message

@@ -66,7 +66,31 @@ def build_messages(instructions: str, items: Iterable[pb.Item]) -> list[ChatMess
             output = item.function_call_output
             messages.append({"role": "tool", "tool_call_id": output.call_id, "content": output.output})
         # Reasoning items stay out: backends neither accept nor need their own reasoning back.
-    return messages
+    return answer_every_call(messages)
+
+
+NO_RESULT = "No result was provided for this call."
+
+
+def answer_every_call(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """The order Chat Completions demands: an assistant message with tool_calls is followed at once
+    by one tool message per call. A client may continue a paused response with a plain message
+    (its outputs come later, or never) or put its outputs after new text; the history is put in
+    that order, and a call left unanswered gets a tool message saying no result was provided."""
+    if not any("tool_calls" in m for m in messages):
+        return messages
+    answers = {m["tool_call_id"]: m for m in messages if m["role"] == "tool"}
+    called = {call["id"] for m in messages for call in m.get("tool_calls", ())}
+    ordered: list[ChatMessage] = []
+    for message in messages:
+        if message["role"] == "tool" and message["tool_call_id"] in called:
+            continue  # placed right after its call below
+        ordered.append(message)
+        for call in message.get("tool_calls", ()):
+            ordered.append(
+                answers.get(call["id"]) or {"role": "tool", "tool_call_id": call["id"], "content": NO_RESULT}
+            )
+    return ordered
 
 
 def _message(message: pb.Message) -> ChatMessage:

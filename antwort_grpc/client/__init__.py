@@ -1,0 +1,1 @@
+"""`antwort-grpc ask` and `antwort-grpc chat`: a terminal client of ResponsesService."""

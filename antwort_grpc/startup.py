@@ -1,0 +1,87 @@
+"""Startup failures as one line that names the setting to change.
+
+A person who mistyped a flag or started a second gateway needs the setting, not a traceback; the
+traceback is still there with `--log-level DEBUG`. `describe` is pure: it maps an exception to the
+line to print, or None when it does not know the exception (the caller then prints a generic line).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Collection
+
+from pydantic import BaseModel, ValidationError
+from pydantic_settings import BaseSettings
+
+_BIND_FAILED = "Failed to bind to address"
+
+
+class StartupError(Exception):
+    """A failure the user fixes by changing a setting; the message names it."""
+
+
+def setting_names(settings_class: type[BaseSettings], field: str, flags: Collection[str] = ()) -> str:
+    """`--max-turns / ANTWORT_MAX_TURNS` for a settings field; just the variable when it has no flag."""
+    variable = f"{settings_class.model_config.get('env_prefix', '')}{field.upper()}"
+    return f"--{field.replace('_', '-')} / {variable}" if field in flags else variable
+
+
+def settings_error(
+    settings_class: type[BaseModel], error: ValidationError, flags: Collection[str] = ()
+) -> StartupError:
+    """The first invalid value of a settings class, as one line. `flags`: the fields that have one."""
+    first = error.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or "?"
+    if issubclass(settings_class, BaseSettings) and first["loc"]:
+        name = setting_names(settings_class, str(first["loc"][0]), flags)
+    else:
+        name = field
+    value = first.get("input")
+    shown = f" {value!r}" if isinstance(value, str | int | float) else ""
+    more = f" (and {len(error.errors()) - 1} more)" if len(error.errors()) > 1 else ""
+    return StartupError(f"{name}:{shown} {first['msg'][0].lower()}{first['msg'][1:]}{more}")
+
+
+def bind_error(listen: str, setting: str) -> StartupError:
+    return StartupError(f"cannot listen on {listen}: the address is in use or not local; choose another with {setting}")
+
+
+def is_bind_failure(error: BaseException) -> bool:
+    """grpcio reports a port it cannot bind as a RuntimeError with this text."""
+    return isinstance(error, RuntimeError) and _BIND_FAILED in str(error)
+
+
+def describe(error: BaseException) -> str | None:
+    """The one line for a known startup failure, else None."""
+    if isinstance(error, StartupError):
+        return str(error)
+    from antwort_grpc.providers.factory import NoBackendError
+    from antwort_grpc.storage.sqlite import StoreInUse
+
+    if isinstance(error, StoreInUse):
+        return f"--store / ANTWORT_STORE: {error}"
+    if isinstance(error, NoBackendError):
+        return str(error)
+    return None
+
+
+def check_listen(listen: str, setting: str) -> None:
+    """Fail early, in one line, when the address cannot be bound: grpcio's own failure also
+    writes a core log line to stderr. (A race with another process is still caught afterwards.)"""
+    host, _, port_text = listen.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    if not port_text.isdigit():
+        raise StartupError(f"{setting}: {listen!r} is not host:port")
+    try:
+        infos = socket.getaddrinfo(host, int(port_text), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as error:
+        raise StartupError(f"{setting}: cannot resolve {host!r} ({error})") from error
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise StartupError(
+                f"cannot listen on {listen} ({error.strerror}): choose another address with {setting}"
+            ) from error
