@@ -52,6 +52,8 @@ class GatewaySettings(BaseSettings):
     executor_refresh_seconds: float = 10.0
     executor_call_timeout: float = 300.0
     max_turns: int = 10
+    # Seconds a tool call waits for an approve/deny decision before it is denied ("timeout").
+    approval_timeout: float = Field(default=300.0, gt=0)
     # Seconds in-flight streams get to finish on SIGTERM.
     shutdown_grace: float = 10.0
     # Seconds between health going NOT_SERVING and refusing new calls, for load balancers.

@@ -64,6 +64,11 @@ ROWS = [
     Row("5 growth", "turn_cost_ms_1", "gateway CPU per turn, 1-turn responses (ms)"),
     Row("5 growth", "turn_cost_ms_5", "gateway CPU per turn, 5-turn responses (ms)"),
     Row("5 growth", "turn_cost_ms_10", "gateway CPU per turn, 10-turn responses (ms)"),
+    Row("6 interactive", "bidi_stream_throughput_ratio", "events/s of Converse ÷ bare grpc.aio streaming", ">=", 0.8),
+    Row("6 interactive", "steer_latency_ms_p50", "steer sent → first text of the steered turn, p50 (ms)"),
+    Row("6 interactive", "steer_latency_ms_p99", "the same, p99 (ms)"),
+    Row("6 interactive", "steer_backend_first_text_ms", "the backend's own time to first text, direct (ms)"),
+    Row("6 interactive", "steer_added_ms_p50", "steer latency p50 − the backend's time to first text (ms)", "<=", 5),
 ]
 
 HISTORY_KEYS = [

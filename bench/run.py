@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench import figures, profile, report
+from bench import figures, interactive, profile, report
 from bench.procs import Child, load_average, machine, spawn
 from bench.stats import Results
 
@@ -50,6 +50,8 @@ FIGURES: dict[str, Figure] = {
     "tools": _tools,
     "concurrency": figures.concurrency,
     "growth": figures.growth,
+    "bidi": interactive.bidi_throughput,
+    "steer": interactive.steer_latency,
 }
 
 

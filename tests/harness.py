@@ -60,8 +60,9 @@ async def running_gateway(
     store: ResponseStore | None = None,
     max_turns: int = 10,
     model: str = "test-model",
+    **overrides: Any,
 ) -> AsyncIterator[GatewayClient]:
-    settings = GatewaySettings(listen="127.0.0.1:0", max_turns=max_turns, model=model)
+    settings = GatewaySettings(listen="127.0.0.1:0", max_turns=max_turns, model=model, **overrides)
     gateway = await start_gateway(settings, provider=provider, store=store or MemoryStore(), executors=executors)
     channel = grpc.aio.insecure_channel(gateway.target)
     try:
@@ -165,7 +166,34 @@ def assert_valid_stream(events: Sequence[pb.StreamEvent]) -> None:
         elif name.startswith("tool_execution"):
             assert payload.output_index in done_items, f"{name} for an item that is not done"
     assert not open_items, f"items added but never done: {sorted(open_items)}"
+    _assert_controls(events, names)
     response = final(events)
     assert len(response.output) == len(done_items), "the terminal response does not hold every item"
     for index, item in done_items.items():
         assert response.output[index].id == item.id
+
+
+def _assert_controls(events: Sequence[pb.StreamEvent], names: list[str]) -> None:
+    """The interactive vocabulary: turn numbers increase by one; paused and resumed alternate
+    (a pause may be ended by the terminal event); every call of an approval_requested event is
+    followed by its decision (an approval_response item, or the call's output when a steering
+    message superseded it) or by the terminal event."""
+    turns = [e.turn_started.turn for e in events if kind(e) == "turn_started"]
+    assert turns == list(range(1, len(turns) + 1)), f"turn_started numbers {turns}"
+    pauses = [n for n in names if n in ("paused", "resumed")]
+    assert all(p == ("paused" if i % 2 == 0 else "resumed") for i, p in enumerate(pauses)), pauses
+    waiting: set[str] = set()
+    for event in events:
+        name = kind(event)
+        if name == "approval_requested":
+            waiting |= {r.call_id for r in event.approval_requested.requests}
+        elif name == "output_item_done":
+            item = event.output_item_done.item
+            which = item.WhichOneof("kind")
+            if which == "approval_response":
+                waiting.discard(item.approval_response.call_id)
+            elif which == "function_call_output":
+                waiting.discard(item.function_call_output.call_id)
+        elif name in TERMINAL:
+            waiting.clear()
+    assert not waiting, f"approval requests never decided: {sorted(waiting)}"

@@ -72,7 +72,9 @@ class ResponseEmitter:
             sequence_number=self._next(), in_progress=pb.ResponseInProgressEvent(response=self.response)
         )
 
-    def terminal(self, tool_calls: list[pb.FunctionCall] | None = None) -> pb.StreamEvent:
+    def terminal(
+        self, tool_calls: list[pb.FunctionCall] | None = None, approvals: list[pb.ApprovalRequest] | None = None
+    ) -> pb.StreamEvent:
         """The one terminal event, chosen by the response's (final) status."""
         seq = self._next()
         status = self.response.status
@@ -82,13 +84,49 @@ class ResponseEmitter:
         if status == S.RESPONSE_STATUS_REQUIRES_ACTION:
             return pb.StreamEvent(
                 sequence_number=seq,
-                requires_action=pb.ResponseRequiresActionEvent(response=self.response, tool_calls=tool_calls or []),
+                requires_action=pb.ResponseRequiresActionEvent(
+                    response=self.response, tool_calls=tool_calls or [], approval_requests=approvals or []
+                ),
             )
         if status == S.RESPONSE_STATUS_INCOMPLETE:
             return pb.StreamEvent(sequence_number=seq, incomplete=pb.ResponseIncompleteEvent(response=self.response))
         if status == S.RESPONSE_STATUS_CANCELLED:
             return pb.StreamEvent(sequence_number=seq, cancelled=pb.ResponseCancelledEvent(response=self.response))
         return pb.StreamEvent(sequence_number=seq, failed=pb.ResponseFailedEvent(response=self.response))
+
+    # -- turns and controls ----------------------------------------------------------------------
+
+    def turn_started(self, turn: int, round_: int) -> pb.StreamEvent:
+        return pb.StreamEvent(sequence_number=self._next(), turn_started=pb.TurnStartedEvent(turn=turn, round=round_))
+
+    def turn_decided(self, turn: int, decision: int, tool_calls: int = 0) -> pb.StreamEvent:
+        return pb.StreamEvent(
+            sequence_number=self._next(),
+            turn_decided=pb.TurnDecidedEvent(turn=turn, decision=decision, tool_calls=tool_calls),  # type: ignore[arg-type]
+        )
+
+    def turn_completed(self, turn: int, seconds: float) -> pb.StreamEvent:
+        event = pb.StreamEvent(sequence_number=self._next())
+        event.turn_completed.turn = turn
+        event.turn_completed.duration.FromNanoseconds(int(seconds * 1e9))
+        return event
+
+    def approval_requested(self, requests: list[pb.ApprovalRequest]) -> pb.StreamEvent:
+        return pb.StreamEvent(
+            sequence_number=self._next(), approval_requested=pb.ApprovalRequestedEvent(requests=requests)
+        )
+
+    def paused(self, reason: str) -> pb.StreamEvent:
+        return pb.StreamEvent(sequence_number=self._next(), paused=pb.PausedEvent(reason=reason))
+
+    def resumed(self) -> pb.StreamEvent:
+        return pb.StreamEvent(sequence_number=self._next(), resumed=pb.ResumedEvent())
+
+    def input_injected(self, kind: int, items: list[pb.Item], superseded: list[str]) -> pb.StreamEvent:
+        return pb.StreamEvent(
+            sequence_number=self._next(),
+            input_injected=pb.InputInjectedEvent(kind=kind, items=items, superseded_call_ids=superseded),  # type: ignore[arg-type]
+        )
 
     # -- whole items ---------------------------------------------------------------------------
 
@@ -359,4 +397,6 @@ _PREFIX = {
     "function_call": "fc",
     "function_call_output": "fco",
     "reasoning": "rs",
+    "approval_request": "apreq",
+    "approval_response": "apres",
 }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import grpc
 
 from antwort_grpc import pb
@@ -9,8 +11,17 @@ from antwort_grpc.errors import FieldViolation, RequestError, not_found
 from antwort_grpc.storage.base import ResponseStore, StoredResponse
 
 
-async def load_history(store: ResponseStore, previous_id: str, *, owner: str, max_depth: int) -> list[pb.Item]:
-    """The earlier input and output of every response in the chain, oldest first.
+@dataclass(slots=True)
+class History:
+    # The earlier input and output of every response in the chain, oldest first.
+    items: list[pb.Item] = field(default_factory=list)
+    # The calls the model made (function_call items of the responses' output): only these may run
+    # on a server when a continuation picks them up.
+    model_call_ids: set[str] = field(default_factory=set)
+
+
+async def load_history(store: ResponseStore, previous_id: str, *, owner: str, max_depth: int) -> History:
+    """The conversation so far, from the chain of responses ending at `previous_id`.
 
     Raises NOT_FOUND for a missing link, FAILED_PRECONDITION for a response that is still running,
     a cycle, or a chain longer than `max_depth`.
@@ -36,11 +47,14 @@ async def load_history(store: ResponseStore, previous_id: str, *, owner: str, ma
         chain.append(record)
         seen.add(current)
         current = record.response.previous_response_id
-    items: list[pb.Item] = []
+    history = History()
     for record in reversed(chain):
-        items += record.input_items
-        items += record.response.output
-    return items
+        history.items += record.input_items
+        history.items += record.response.output
+        history.model_call_ids.update(
+            i.function_call.call_id for i in record.response.output if i.WhichOneof("kind") == "function_call"
+        )
+    return history
 
 
 def _precondition(message: str) -> RequestError:
@@ -50,9 +64,3 @@ def _precondition(message: str) -> RequestError:
         [FieldViolation("previous_response_id", message)],
         "invalid_previous_response",
     )
-
-
-def unanswered_calls(items: list[pb.Item]) -> list[pb.Item]:
-    """function_call items with no function_call_output anywhere after them, in order."""
-    answered = {i.function_call_output.call_id for i in items if i.WhichOneof("kind") == "function_call_output"}
-    return [i for i in items if i.WhichOneof("kind") == "function_call" and i.function_call.call_id not in answered]

@@ -1,11 +1,12 @@
 """The agentic loop: inference, tool calls, execution, results fed back, again.
 
-`Engine.run` is the one code path for both modes: it yields every event of a response; the
-non-streaming RPC drains it and sends only the terminal event. Each turn ends in a typed outcome
-(see outcomes.py) chosen by the pure `plan_turn`; the loop matches on it.
+`Engine.start` prepares a response and returns its `Run`; `run.events()` is the one code path for
+both modes (the non-streaming RPC drains it and sends only the terminal event). Each turn ends in a
+typed outcome (outcomes.py) chosen by pure policies; the loop matches on it.
 
-The two places where interactive control (hooks, approvals, injected messages, pause/resume)
-belongs are marked: the turn boundary at the top of `_turns`, and `_execute` before calls start.
+Controls act at the check points: `_checkpoint` at every turn boundary (stop, pause, steering
+messages), `_gate` before tool calls start (pause, approvals), and the model stream itself for a
+steer (cut at once). `_call_model` is the one place the model is called.
 """
 
 from __future__ import annotations
@@ -13,15 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from dataclasses import dataclass
 
 import grpc
 
 from antwort_grpc import pb
-from antwort_grpc.engine import policy, state
-from antwort_grpc.engine.emitter import ResponseEmitter
-from antwort_grpc.engine.history import load_history, unanswered_calls
+from antwort_grpc.engine import continuation, policy, state
+from antwort_grpc.engine.history import History, load_history
 from antwort_grpc.engine.outcomes import (
     Cancelled,
     Completed,
@@ -32,11 +32,13 @@ from antwort_grpc.engine.outcomes import (
     RequiresAction,
 )
 from antwort_grpc.engine.request import input_items, new_response
-from antwort_grpc.engine.runs import RunHandle, RunRegistry
+from antwort_grpc.engine.run import APPROVAL, MODEL, PAUSE, TOOLS, Run
+from antwort_grpc.engine.runs import RunRegistry
 from antwort_grpc.engine.tools import ToolSet, resolve_tools
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.executors.base import ToolExecutor, current_deadline
 from antwort_grpc.providers.base import (
+    Completion,
     FinishReason,
     Provider,
     ProviderError,
@@ -53,6 +55,8 @@ from antwort_grpc.storage.base import ResponseStore, StoredResponse
 log = logging.getLogger(__name__)
 
 S = pb.ResponseStatus
+Decision = pb.TurnDecision
+ItemStatus = pb.ItemStatus
 
 
 @dataclass(slots=True)
@@ -62,42 +66,39 @@ class EngineConfig:
     max_turns: int = 10
     default_model: str = ""
     history_max_depth: int = 100
+    # How long a call waits for an approve/deny decision before it is denied with reason "timeout".
+    approval_timeout: float = 300.0
 
 
 class _Stopped(Exception):
     """A cancel or deadline noticed at a check point (not during an interruptible wait)."""
 
 
-@dataclass(slots=True)
-class _Run:
-    request: pb.CreateResponseRequest
-    response: pb.Response
-    input_items: list[pb.Item]
-    context: list[pb.Item]
-    tools: ToolSet
-    owner: str
-    # Server-side calls an earlier response paused on without running (a mixed turn).
-    pending: list[pb.Item] = field(default_factory=list)
-    outcome: FinalOutcome = field(default_factory=Completed)
-    # The first turn's model stream, started before `created` is written (see `Engine.run`).
-    early: _EarlyStream | None = None
+class ModelCall:
+    """One call of the model for one turn. A streaming call starts at once: its first delta is
+    awaited in a task of its own, so the backend's round trip overlaps whatever the loop writes
+    before it reads the stream."""
 
+    __slots__ = ("completion", "first", "stream")
 
-class _EarlyStream:
-    """A model stream whose first delta is already being awaited in a task of its own, so the
-    backend's round trip overlaps the writes of `created` and `in_progress`."""
-
-    __slots__ = ("first", "stream")
-
-    def __init__(self, stream: AsyncIterator[ProviderEvent]) -> None:
+    def __init__(
+        self, stream: AsyncIterator[ProviderEvent] | None = None, completion: Awaitable[Completion] | None = None
+    ) -> None:
         self.stream = stream
-        self.first: asyncio.Task[ProviderEvent] = asyncio.create_task(_next_delta(stream))
+        self.completion = completion
+        self.first: asyncio.Task[ProviderEvent] | None = None
+        if stream is not None:
+            self.first = asyncio.create_task(_next_delta(stream))
 
     async def discard(self) -> None:
-        """Abandon it unused (the run stopped or failed before its first turn read it)."""
-        self.first.cancel()
-        await asyncio.gather(self.first, return_exceptions=True)
-        await _close(self.stream)
+        """Abandon it unread (the run stopped, failed or was steered before reading it)."""
+        if self.first is not None:
+            self.first.cancel()
+            await asyncio.gather(self.first, return_exceptions=True)
+        if self.stream is not None:
+            await _close(self.stream)
+        if asyncio.iscoroutine(self.completion):
+            self.completion.close()
 
 
 class Engine:
@@ -107,169 +108,229 @@ class Engine:
         self.config = config or EngineConfig()
         self.runs = RunRegistry()
 
-    # -- the public entry point ---------------------------------------------------------------
+    # -- the public entry points ----------------------------------------------------------------
+
+    async def start(
+        self,
+        request: pb.CreateResponseRequest,
+        *,
+        owner: str = "",
+        timeout: float | None = None,
+        controller: bool = False,
+    ) -> Run:
+        """Prepare and store a new response; iterate `run.events()` to run it. Raises RequestError
+        (and nothing is stored) when it cannot start. The request is expected to have passed
+        `responses.validation` (the responses layer does that for every front door).
+
+        `controller`: a client stays attached that can decide approvals while the run waits."""
+        run = await self._prepare(request, owner, controller)
+        # Stored before the client learns the id: from then on any replica can read or cancel
+        # it, and a crash leaves it to be found and marked interrupted.
+        await self._save(run, required=True)
+        self.runs.add(run)
+        if timeout is not None:
+            loop = asyncio.get_running_loop()
+            # Stop a little early so the failed event still reaches the client in time.
+            run.set_deadline(loop.time() + timeout - min(0.5, timeout * 0.1))
+            run.deadline = loop.time() + timeout
+        run.bind(self._drive)
+        return run
 
     async def run(
         self, request: pb.CreateResponseRequest, *, owner: str = "", timeout: float | None = None
     ) -> AsyncIterator[pb.StreamEvent]:
-        """Every event of one response. Raises RequestError before the first event only; after it,
-        every failure ends the stream in-band with a terminal event."""
-        run = await self._prepare(request, owner)
-        emitter = ResponseEmitter(run.response)
-        handle = self.runs.start(run.response, run.owner)
-        if timeout is not None:
-            loop = asyncio.get_running_loop()
-            # Stop a little early so the failed event still reaches the client in time.
-            handle.set_deadline(loop.time() + timeout - min(0.5, timeout * 0.1))
-            current_deadline.set(loop.time() + timeout)
-        finished = False
-        try:
-            # Stored before the client learns the id: from then on any replica can read or cancel
-            # it, and a crash leaves it to be found and marked interrupted.
-            try:
-                await self._save(run, required=True)
-            except RequestError:
-                finished = True  # nothing was stored and nobody heard of it: nothing to record
-                raise
-            if request.stream and not run.pending and self.config.max_turns > 0:
-                # The model is asked now, after the save: its round trip then overlaps the
-                # writes of the two events below instead of following them.
-                stream = aiter(self.provider.stream(self._turn_request(run, 1)))
-                run.early = _EarlyStream(stream)
-            yield emitter.created()
-            yield emitter.in_progress()
-            try:
-                async for event in self._turns(run, emitter, handle):
-                    yield event
-            except asyncio.CancelledError:
-                if not handle.stop_requested:
-                    raise
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
-                run.outcome = _stop_outcome(handle)
-            except _Stopped:
-                run.outcome = _stop_outcome(handle)
-            except ProviderError as err:
-                log.warning("response %s: provider error %s: %s", run.response.id, err.code, err.message)
-                run.outcome = Failed(err.code, err.message)
-            except Exception as err:
-                log.exception("response %s failed", run.response.id)
-                run.outcome = Failed("internal_error", f"{type(err).__name__}: {err}")
-            for event in emitter.close_turn(pb.ItemStatus.ITEM_STATUS_INCOMPLETE):
-                yield event
-            tool_calls = self._finish(run)
-            await asyncio.shield(self._save(run))
-            finished = True
-            yield emitter.terminal(tool_calls)
-        finally:
-            try:
-                # A model stream started early that no turn read (the run stopped or failed first).
-                if run.early is not None:
-                    early, run.early = run.early, None
-                    await asyncio.shield(early.discard())
-                if not finished:
-                    # The client went away (or the server is shutting down): keep what was done.
-                    if run.response.status not in state.TERMINAL:
-                        emitter.close_turn(pb.ItemStatus.ITEM_STATUS_INCOMPLETE)
-                        run.outcome = Cancelled()
-                        self._finish(run)
-                    await asyncio.shield(self._save(run))
-            finally:
-                self.runs.finish(handle)
+        """`start` and `events` in one: every event of one response."""
+        run = await self.start(request, owner=owner, timeout=timeout)
+        async for event in run.events():
+            yield event
 
     async def cancel(self, response_id: str) -> bool:
         """Stop a response running in this process; False if none is."""
         return self.runs.stop(response_id, "cancelled")
 
-    # -- preparation (errors here become gRPC statuses) ---------------------------------------
+    # -- preparation (errors here become gRPC statuses) -----------------------------------------
 
-    async def _prepare(self, request: pb.CreateResponseRequest, owner: str) -> _Run:
+    async def _prepare(self, request: pb.CreateResponseRequest, owner: str, controller: bool) -> Run:
         model = request.model or self.config.default_model
         if not model:
             raise invalid_argument([FieldViolation("model", "required: no default model is configured")])
-        history: list[pb.Item] = []
+        history = History()
         if request.previous_response_id:
             history = await load_history(
                 self.store, request.previous_response_id, owner=owner, max_depth=self.config.history_max_depth
             )
         items = input_items(request)
         tools = await resolve_tools(request.tools, self.config.executors)
-        _check_choice_names(request.tool_choice if request.HasField("tool_choice") else None, tools)
-        run = _Run(request, new_response(request, model), items, history + items, tools, owner)
-        if self.config.executors and history:
-            run.pending = [c for c in unanswered_calls(run.context) if c.function_call.name in tools.server_side]
-        return run
+        choice = request.tool_choice if request.HasField("tool_choice") else None
+        _check_choice_names(choice, tools)
+        resumed, violations = continuation.resolve(history.items, history.model_call_ids, items, tools, choice)
+        if violations:
+            raise invalid_argument(violations)
+        return Run(
+            request,
+            new_response(request, model),
+            items,
+            history.items + items,
+            tools,
+            owner,
+            controller=controller,
+            # An engine without executors is single-shot: it runs nothing of an earlier response.
+            continuation=resumed if self.config.executors else None,
+        )
 
-    # -- the loop -----------------------------------------------------------------------------
+    # -- one response ---------------------------------------------------------------------------
 
-    async def _turns(self, run: _Run, emitter: ResponseEmitter, handle: RunHandle) -> AsyncIterator[pb.StreamEvent]:
+    async def _drive(self, run: Run) -> AsyncIterator[pb.StreamEvent]:
+        run.task = asyncio.current_task()
+        if run.deadline is not None:
+            current_deadline.set(run.deadline)
+        emitter = run.emitter
+        finished = False
+        try:
+            resumed = run.continuation
+            if run.request.stream and self.config.max_turns > 0 and not resumed.calls and not resumed.outputs:
+                # The model is asked now: its round trip overlaps the writes of the two events below.
+                run.early = self._call_model(run, 1)
+            yield emitter.created()
+            yield emitter.in_progress()
+            try:
+                async for event in self._turns(run):
+                    yield event
+            except asyncio.CancelledError:
+                if not run.stop_requested:
+                    raise
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                run.outcome = _stop_outcome(run)
+            except _Stopped:
+                run.outcome = _stop_outcome(run)
+            except ProviderError as err:
+                log.warning("response %s: provider error %s: %s", run.response_id, err.code, err.message)
+                run.outcome = Failed(err.code, err.message)
+            except Exception as err:
+                log.exception("response %s failed", run.response_id)
+                run.outcome = Failed("internal_error", f"{type(err).__name__}: {err}")
+            for event in emitter.close_turn(ItemStatus.ITEM_STATUS_INCOMPLETE):
+                yield event
+            self._finish(run)
+            await asyncio.shield(self._save(run))
+            finished = True
+            yield emitter.terminal(*_handed_out(run.outcome))
+        finally:
+            try:
+                if run.early is not None:
+                    early, run.early = run.early, None
+                    await asyncio.shield(early.discard())
+                if not finished:
+                    # The client went away (or the server is shutting down): keep what was done.
+                    if run.response.status not in state.TERMINAL:
+                        emitter.close_turn(ItemStatus.ITEM_STATUS_INCOMPLETE)
+                        run.outcome = Cancelled()
+                        self._finish(run)
+                    await asyncio.shield(self._save(run))
+            finally:
+                self.runs.finish(run)
+
+    async def _turns(self, run: Run) -> AsyncIterator[pb.StreamEvent]:
         request = run.request
+        emitter = run.emitter
         choice = request.tool_choice if request.HasField("tool_choice") else None
         loop_enabled = bool(self.config.executors)
-        if run.pending:
-            calls = [i.function_call for i in run.pending]
-            async for event in self._execute(run, emitter, handle, ExecuteTools(calls)):
+        resumed = run.continuation
+        if resumed.calls or resumed.outputs:
+            async for event in self._execute(run, ExecuteTools(resumed.calls, resumed.outputs)):
                 yield event
             await self._save(run)
-        turn = 0
+        if resumed.handoff:
+            run.outcome = RequiresAction(resumed.handoff)
+            return
+        clock = asyncio.get_running_loop()
         while True:
-            # Turn boundary: the place for hooks before a model call, injected messages, pausing.
-            if handle.stop_requested:
-                raise _Stopped
-            if turn >= self.config.max_turns:
+            async for event in self._checkpoint(run):
+                yield event
+            if run.turn >= self.config.max_turns:
                 run.outcome = Incomplete("max_turns")
                 return
-            turn += 1
+            run.turn += 1
+            turn = run.turn
+            began = clock.time()
+            yield emitter.turn_started(turn, run.round)
             emitter.start_turn()
-            finish = FinishReason.STOP
-            if request.stream:
-                # The first turn's stream may already be under way (started in `run`).
-                early, run.early = run.early, None
-                if early is not None:
-                    stream, first = early.stream, early.first
-                else:
-                    stream, first = aiter(self.provider.stream(self._turn_request(run, turn))), None
-                async for step in self._stream_turn(stream, first, emitter, handle):
-                    if isinstance(step, FinishReason):
+            call, run.early = run.early or self._call_model(run, turn), None
+            finish: FinishReason | None = FinishReason.STOP
+            if call.stream is not None:
+                async for step in self._stream_turn(run, call):
+                    if step is None or isinstance(step, FinishReason):
                         finish = step
                     else:
                         yield step
             else:
-                with handle.waiting():
-                    completion = await self.provider.complete(self._turn_request(run, turn))
-                _add_usage(run.response, completion.usage)
-                finish = completion.finish
-                for item in completion.items:
-                    for event in emitter.add_item(item):
-                        yield event
+                finish = None
+                completion = await self._await_completion(run, call)
+                if completion is not None:
+                    _add_usage(run.response, completion.usage)
+                    finish = completion.finish
+                    for item in completion.items:
+                        for event in emitter.add_item(item):
+                            yield event
             produced = list(emitter.turn_items)
             run.context += produced
             calls = [i.function_call for i in produced if i.WhichOneof("kind") == "function_call"]
-            outcome = policy.plan_turn(
-                finish=finish,
-                calls=calls,
-                choice=choice,
-                loop_enabled=loop_enabled,
-                server_side=run.tools.server_side,
-                known=run.tools.routes,
+            if finish is None:
+                # Cut short by a steering message: its calls never run.
+                yield emitter.turn_decided(turn, Decision.TURN_DECISION_INTERRUPTED, len(calls))
+                for event in self._supersede(run, calls):
+                    yield event
+                yield emitter.turn_completed(turn, clock.time() - began)
+                continue
+            screened = policy.screen_turn(
+                finish=finish, calls=calls, choice=choice, loop_enabled=loop_enabled, known=run.tools.routes
             )
-            match outcome:
-                case Completed() | Incomplete():
-                    run.outcome = outcome
-                    return
-                case RequiresAction(rejected=rejected):
-                    for event in self._add_outputs(run, emitter, rejected):
-                        yield event
-                    run.outcome = outcome
-                    return
-                case ExecuteTools():
-                    async for event in self._execute(run, emitter, handle, outcome):
-                        yield event
-                    # Tool results can be expensive to redo: a crash from here on keeps them.
-                    await self._save(run)
+            decision = Decision.TURN_DECISION_CALL_TOOLS if calls else Decision.TURN_DECISION_RESPOND
+            yield emitter.turn_decided(turn, decision, len(calls))
+            if isinstance(screened, Completed) and run.follow_ups:
+                yield emitter.turn_completed(turn, clock.time() - began)
+                run.round += 1
+                for event in self._inject(run, pb.InputKind.INPUT_KIND_FOLLOW_UP, run.follow_ups.pop(0)):
+                    yield event
+                continue
+            if isinstance(screened, Completed | Incomplete):
+                yield emitter.turn_completed(turn, clock.time() - began)
+                run.outcome = screened
+                return
+            # Before the calls start: pause, then approvals.
+            async for event in self._checkpoint(run, inject=False):
+                yield event
+            outcome: RequiresAction | ExecuteTools | None = None
+            async for gated in self._gate(run, screened):
+                if isinstance(gated, RequiresAction | ExecuteTools):
+                    outcome = gated
+                else:
+                    yield gated
+            assert outcome is not None
+            if isinstance(outcome, RequiresAction):
+                for event in self._add_outputs(run, outcome.rejected):
+                    yield event
+                yield emitter.turn_completed(turn, clock.time() - began)
+                run.outcome = outcome
+                return
+            async for event in self._execute(run, outcome):
+                yield event
+            # Tool results can be expensive to redo: a crash from here on keeps them.
+            await self._save(run)
+            yield emitter.turn_completed(turn, clock.time() - began)
 
-    def _turn_request(self, run: _Run, turn: int) -> TurnRequest:
+    # -- the model --------------------------------------------------------------------------------
+
+    def _call_model(self, run: Run, turn: int) -> ModelCall:
+        """The one place the model is called."""
+        request = self._turn_request(run, turn)
+        if run.request.stream:
+            return ModelCall(stream=aiter(self.provider.stream(request)))
+        return ModelCall(completion=self.provider.complete(request))
+
+    def _turn_request(self, run: Run, turn: int) -> TurnRequest:
         request = run.request
         choice = request.tool_choice if request.HasField("tool_choice") else None
         return TurnRequest(
@@ -284,18 +345,39 @@ class Engine:
             top_p=request.top_p if request.HasField("top_p") else None,
         )
 
-    async def _stream_turn(
-        self,
-        stream: AsyncIterator[ProviderEvent],
-        first: asyncio.Task[ProviderEvent] | None,
-        emitter: ResponseEmitter,
-        handle: RunHandle,
-    ) -> AsyncIterator[pb.StreamEvent | FinishReason]:
+    async def _await_completion(self, run: Run, call: ModelCall) -> Completion | None:
+        """A non-streaming turn; None when a steering message cut it short."""
+        assert call.completion is not None
+        run.waiting = MODEL
+        try:
+            return await call.completion
+        except asyncio.CancelledError:
+            if not _steered(run):
+                raise
+            return None
+        finally:
+            run.waiting = None
+
+    async def _stream_turn(self, run: Run, call: ModelCall) -> AsyncIterator[pb.StreamEvent | FinishReason | None]:
+        """The turn's events, then its FinishReason (None: a steering message cut it short)."""
+        emitter = run.emitter
+        stream = call.stream
+        assert stream is not None
+        first, call.first = call.first, None
         try:
             while True:
-                with handle.waiting():
+                if run.attention:
+                    if run.reason:
+                        raise _Stopped
+                    if run.steer:
+                        for event in emitter.close_turn(ItemStatus.ITEM_STATUS_INCOMPLETE):
+                            yield event
+                        yield None
+                        return
+                run.waiting = MODEL
+                try:
                     if first is not None:
-                        # Awaiting the task directly: a stop that cancels this task cancels it too.
+                        # Awaiting the task directly: cancelling this task cancels it too.
                         pending, first = first, None
                         delta = await pending
                     else:
@@ -306,8 +388,12 @@ class Engine:
                             raise ProviderError(
                                 "backend_protocol_error", "the model stream ended without a finish"
                             ) from None
-                if handle.stop_requested:
-                    raise _Stopped
+                except asyncio.CancelledError:
+                    if not _steered(run):
+                        raise
+                    continue  # the check above ends the turn
+                finally:
+                    run.waiting = None
                 if isinstance(delta, TextDelta):
                     events = emitter.on_text(delta.text)
                 elif isinstance(delta, ToolCallDelta):
@@ -320,9 +406,9 @@ class Engine:
                     assert isinstance(delta, TurnEnd)
                     _add_usage(emitter.response, delta.usage)
                     status = (
-                        pb.ItemStatus.ITEM_STATUS_INCOMPLETE
+                        ItemStatus.ITEM_STATUS_INCOMPLETE
                         if delta.finish is FinishReason.LENGTH
-                        else pb.ItemStatus.ITEM_STATUS_COMPLETED
+                        else ItemStatus.ITEM_STATUS_COMPLETED
                     )
                     for event in emitter.close_turn(status):
                         yield event
@@ -337,11 +423,135 @@ class Engine:
                 await asyncio.gather(first, return_exceptions=True)
             await _close(stream)
 
-    async def _execute(
-        self, run: _Run, emitter: ResponseEmitter, handle: RunHandle, plan: ExecuteTools
-    ) -> AsyncIterator[pb.StreamEvent]:
+    # -- check points -----------------------------------------------------------------------------
+
+    async def _checkpoint(self, run: Run, *, inject: bool = True) -> AsyncIterator[pb.StreamEvent]:
+        """A stop ends the run here; a pause waits here for resume; steering messages join here
+        (at a turn boundary)."""
+        if run.reason:
+            raise _Stopped
+        if run.pause_reason is not None:
+            run.paused = True
+            yield run.emitter.paused(run.pause_reason)
+            while run.pause_reason is not None:
+                run.waiting = PAUSE
+                try:
+                    await run.wake()
+                finally:
+                    run.waiting = None
+            run.paused = False
+            yield run.emitter.resumed()
+        if inject and run.steer:
+            if run.early is not None:
+                # Asked before the steering message came: the model must see it.
+                early, run.early = run.early, None
+                await early.discard()
+            for event in self._inject(run, pb.InputKind.INPUT_KIND_STEER, run.take_steer()):
+                yield event
+
+    def _inject(self, run: Run, kind: int, items: list[pb.Item]) -> list[pb.StreamEvent]:
+        """Items added to the conversation while it runs: output items of the response (so a
+        continuation rebuilds the same context), announced by input_injected."""
+        emitter = run.emitter
+        emitter.start_turn()
+        events: list[pb.StreamEvent] = []
+        for item in items:
+            events += emitter.add_item(item)
+        run.context += emitter.turn_items
+        events.append(emitter.input_injected(kind, list(emitter.turn_items), run.superseded))
+        run.superseded = []
+        return events
+
+    def _supersede(self, run: Run, calls: Sequence[pb.FunctionCall]) -> list[pb.StreamEvent]:
+        """Calls that will not run because a steering message came: each still gets its output
+        before the injected message, so the history stays valid for Chat Completions backends."""
+        run.superseded += [c.call_id for c in calls]
+        return self._add_outputs(run, [policy.error_output(c, policy.SUPERSEDED) for c in calls])
+
+    async def _gate(
+        self, run: Run, screened: policy.Screened
+    ) -> AsyncIterator[pb.StreamEvent | RequiresAction | ExecuteTools]:
+        """Approvals before the calls start; then where the turn goes (yielded last)."""
+        accepted, rejected = list(screened.accepted), list(screened.rejected)
+        routes = run.tools.routes
+        server_side = run.tools.server_side
+        waiting = [c for c in accepted if policy.needs_approval(c.name, routes[c.name].tool)]
+        if not waiting:
+            yield policy.route_calls(accepted, rejected, server_side)
+            return
+        requests = [_approval_request(c, routes[c.name].tool) for c in waiting]
+        emitter = run.emitter
+        emitter.start_turn()
+        for request in requests:
+            for event in emitter.add_item(pb.Item(approval_request=request)):
+                yield event
+        run.context += emitter.turn_items
+        yield emitter.approval_requested(requests)
+        if not run.controller:
+            # Nobody can decide now: the response pauses; the client continues it with
+            # approval_response items (calls that need no approval run then too).
+            free = [c for c in accepted if c not in waiting and c.name not in server_side]
+            yield RequiresAction(free, rejected, requests)
+            return
+        async for event in self._await_decisions(run, requests):
+            yield event
+        if run.steer:
+            yield ExecuteTools([], rejected + self._supersede_outputs(run, accepted))
+            return
+        undecided = [r for r in requests if r.call_id not in run.decisions]
+        decisions, run.decisions, run.awaiting = run.decisions, {}, {}
+        approved: list[pb.FunctionCall] = []
+        for call in accepted:
+            decision = decisions.get(call.call_id)
+            if call.call_id in {r.call_id for r in undecided}:
+                continue
+            if decision is not None and not decision.approve:
+                rejected.append(policy.denied_output(call, decision.reason))
+            else:
+                approved.append(call)
+        if undecided:
+            # The controlling client went away: the rest is decided with a continuation.
+            yield RequiresAction([c for c in approved if c.name not in server_side], rejected, undecided)
+            return
+        yield policy.route_calls(approved, rejected, server_side)
+
+    def _supersede_outputs(self, run: Run, calls: list[pb.FunctionCall]) -> list[pb.FunctionCallOutput]:
+        run.superseded += [c.call_id for c in calls]
+        run.decisions, run.awaiting = {}, {}
+        return [policy.error_output(c, policy.SUPERSEDED) for c in calls]
+
+    async def _await_decisions(self, run: Run, requests: list[pb.ApprovalRequest]) -> AsyncIterator[pb.StreamEvent]:
+        """Wait until every request is decided (each decision is recorded as an approval_response
+        output item when it arrives), a steering message comes, the approval timeout passes
+        (undecided ones are denied with reason "timeout"), or the controlling client goes away."""
+        run.awaiting = {r.call_id: r for r in requests}
+        emitter = run.emitter
+        timeout_at = asyncio.get_running_loop().time() + self.config.approval_timeout
+        recorded: set[str] = set()
+        while True:
+            for call_id, decision in list(run.decisions.items()):
+                if call_id not in recorded:
+                    recorded.add(call_id)
+                    emitter.start_turn()
+                    for event in emitter.add_item(pb.Item(approval_response=decision)):
+                        yield event
+                    run.context += emitter.turn_items
+            if len(recorded) == len(requests) or run.steer or not run.controller:
+                return
+            run.waiting = APPROVAL
+            try:
+                woke = await run.wake(timeout_at)
+            finally:
+                run.waiting = None
+            if not woke:
+                for call_id in run.awaiting:
+                    run.decisions.setdefault(call_id, pb.ApprovalResponse(call_id=call_id, reason="timeout"))
+
+    # -- tools ------------------------------------------------------------------------------------
+
+    async def _execute(self, run: Run, plan: ExecuteTools) -> AsyncIterator[pb.StreamEvent]:
         """Run a turn's server-side calls concurrently; outputs go back in the model's order."""
-        # Before the calls start: the place for approvals and before-tool hooks.
+        emitter = run.emitter
         items = {i.function_call.call_id: (i, n) for n, i in enumerate(run.response.output)}
         queue: asyncio.Queue[tuple[int, str | pb.FunctionCallOutput]] = asyncio.Queue()
         results: dict[int, pb.FunctionCallOutput] = {}
@@ -367,8 +577,11 @@ class Engine:
             tasks.append(asyncio.create_task(one(position, call)))
         try:
             while len(results) < len(tasks):
-                with handle.waiting():
+                run.waiting = TOOLS
+                try:
                     position, update = await queue.get()
+                finally:
+                    run.waiting = None
                 call = plan.calls[position]
                 found = items.get(call.call_id)
                 if isinstance(update, str):
@@ -378,7 +591,7 @@ class Engine:
                 results[position] = update
                 if found:
                     yield emitter.tool_finished(found[0], found[1], update)
-                if handle.stop_requested:
+                if run.reason:
                     raise _Stopped
         finally:
             for task in tasks:
@@ -388,15 +601,16 @@ class Engine:
         by_call = {o.call_id: o for o in outputs + list(plan.rejected)}
         # Model order: the order of the calls in the output, rejected ones included.
         ordered = [
-            by_call.pop(c.function_call.call_id) for c in emitter.turn_items if c.function_call.call_id in by_call
+            by_call.pop(i.function_call.call_id)
+            for i in run.response.output
+            if i.WhichOneof("kind") == "function_call" and i.function_call.call_id in by_call
         ]
         ordered += list(by_call.values())
-        for event in self._add_outputs(run, emitter, ordered):
+        for event in self._add_outputs(run, ordered):
             yield event
 
-    def _add_outputs(
-        self, run: _Run, emitter: ResponseEmitter, outputs: Sequence[pb.FunctionCallOutput]
-    ) -> list[pb.StreamEvent]:
+    def _add_outputs(self, run: Run, outputs: Sequence[pb.FunctionCallOutput]) -> list[pb.StreamEvent]:
+        emitter = run.emitter
         events: list[pb.StreamEvent] = []
         emitter.start_turn()
         for output in outputs:
@@ -404,19 +618,16 @@ class Engine:
         run.context += emitter.turn_items
         return events
 
-    # -- the end --------------------------------------------------------------------------------
+    # -- the end ----------------------------------------------------------------------------------
 
-    def _finish(self, run: _Run) -> list[pb.FunctionCall]:
-        """Apply the outcome to the response; the calls the client must answer, if any."""
+    def _finish(self, run: Run) -> None:
+        """Apply the outcome to the response."""
         response = run.response
-        outcome = run.outcome
-        tool_calls: list[pb.FunctionCall] = []
-        match outcome:
+        match run.outcome:
             case Completed():
                 new_status = S.RESPONSE_STATUS_COMPLETED
-            case RequiresAction(calls=calls):
+            case RequiresAction():
                 new_status = S.RESPONSE_STATUS_REQUIRES_ACTION
-                tool_calls = list(calls)
             case Incomplete(reason=reason):
                 new_status = S.RESPONSE_STATUS_INCOMPLETE
                 response.incomplete_details.reason = reason
@@ -428,9 +639,8 @@ class Engine:
                 new_status = S.RESPONSE_STATUS_CANCELLED
         response.status = state.transition(response.status, new_status)  # type: ignore[assignment]
         response.completed_at.FromNanoseconds(time.time_ns())
-        return tool_calls
 
-    async def _save(self, run: _Run, *, required: bool = False) -> None:
+    async def _save(self, run: Run, *, required: bool = False) -> None:
         """Store the response as it is. `required` (the first save): a store that fails refuses
         the response, rather than run one that could never be read back or continued."""
         if not run.response.store:
@@ -438,13 +648,35 @@ class Engine:
         try:
             await self.store.save(StoredResponse(run.response, run.input_items, run.owner))
         except Exception as err:
-            log.exception("response %s: saving failed", run.response.id)
+            log.exception("response %s: saving failed", run.response_id)
             if required:
                 raise RequestError(
                     grpc.StatusCode.UNAVAILABLE,
                     f"the response store is unavailable ({type(err).__name__}); nothing was started",
                     reason="store_unavailable",
                 ) from err
+
+
+def _handed_out(outcome: FinalOutcome) -> tuple[list[pb.FunctionCall], list[pb.ApprovalRequest]]:
+    """What the terminal event hands to the client: calls to execute, approvals to decide."""
+    if isinstance(outcome, RequiresAction):
+        return list(outcome.calls), list(outcome.approvals)
+    return [], []
+
+
+def _steered(run: Run) -> bool:
+    """Whether a cancellation of the driving task was a steering message's (and is absorbed)."""
+    if run.reason or not run.steer:
+        return False
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+    return True
+
+
+def _approval_request(call: pb.FunctionCall, tool: pb.Tool) -> pb.ApprovalRequest:
+    label = tool.mcp.server_label if tool.WhichOneof("kind") == "mcp" else ""
+    return pb.ApprovalRequest(call_id=call.call_id, name=call.name, arguments=call.arguments, server_label=label)
 
 
 async def _next_delta(stream: AsyncIterator[ProviderEvent]) -> ProviderEvent:
@@ -461,8 +693,8 @@ async def _close(stream: AsyncIterator[ProviderEvent]) -> None:
         await asyncio.shield(aclose())
 
 
-def _stop_outcome(handle: RunHandle) -> FinalOutcome:
-    if handle.reason == "deadline":
+def _stop_outcome(run: Run) -> FinalOutcome:
+    if run.reason == "deadline":
         return Failed("deadline_exceeded", "the request's deadline passed before the response finished")
     return Cancelled()
 

@@ -22,10 +22,11 @@ class ExecuteTools:
 
 @dataclass(frozen=True, slots=True)
 class RequiresAction:
-    """The client must execute these calls; the response pauses."""
+    """The client must execute these calls (or decide these approvals); the response pauses."""
 
     calls: list[pb.FunctionCall]
     rejected: list[pb.FunctionCallOutput] = field(default_factory=list)
+    approvals: list[pb.ApprovalRequest] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,16 +78,66 @@ def screen_calls(
     rejected: list[pb.FunctionCallOutput] = []
     for call in calls:
         if call.name not in known:
-            rejected.append(_error(call, f"tool {call.name!r} is not defined in this request"))
+            rejected.append(error_output(call, f"tool {call.name!r} is not defined in this request"))
         elif allowed is not None and call.name not in allowed:
-            rejected.append(_error(call, f"tool {call.name!r} is not allowed (allowed_tools: {sorted(allowed)})"))
+            rejected.append(error_output(call, f"tool {call.name!r} is not allowed (allowed_tools: {sorted(allowed)})"))
         else:
             accepted.append(call)
     return Screened(accepted, rejected)
 
 
-def _error(call: pb.FunctionCall, message: str) -> pb.FunctionCallOutput:
+def error_output(call: pb.FunctionCall, message: str) -> pb.FunctionCallOutput:
     return pb.FunctionCallOutput(call_id=call.call_id, output=message, is_error=True)
+
+
+SUPERSEDED = "superseded by a steering message"
+
+
+def denied_output(call: pb.FunctionCall, reason: str) -> pb.FunctionCallOutput:
+    return error_output(call, f"the call of {call.name!r} was denied" + (f": {reason}" if reason else ""))
+
+
+def needs_approval(name: str, tool: pb.Tool) -> bool:
+    """Whether a call of function `name`, offered by the request's `tool`, waits for a decision."""
+    if not tool.HasField("require_approval"):
+        return False
+    rule = tool.require_approval
+    if rule.tool_names:
+        return name in rule.tool_names
+    return bool(rule.mode == pb.ApprovalMode.APPROVAL_MODE_ALWAYS)
+
+
+def screen_turn(
+    *,
+    finish: FinishReason,
+    calls: Sequence[pb.FunctionCall],
+    choice: pb.ToolChoice | None,
+    loop_enabled: bool,
+    known: frozenset[str] | Mapping[str, object],
+) -> Completed | Incomplete | Screened:
+    """Whether a turn ends the response, or which of its calls may go on (and errors for the rest).
+
+    `loop_enabled` is false for an engine without executors (single-shot)."""
+    if finish is FinishReason.LENGTH:
+        return Incomplete("max_output_tokens")
+    if finish is FinishReason.CONTENT_FILTER:
+        return Incomplete("content_filter")
+    if not calls or not loop_enabled or choice_kind(choice) == "none":
+        return Completed()
+    return screen_calls(calls, known, allowed_names(choice))
+
+
+def route_calls(
+    accepted: Sequence[pb.FunctionCall],
+    rejected: Sequence[pb.FunctionCallOutput],
+    server_side: frozenset[str] | Mapping[str, object],
+) -> RequiresAction | ExecuteTools:
+    """Calls for the client pause the response (the whole turn: server-side calls of the same
+    turn run when it is continued); otherwise the server-side calls run now."""
+    client = [c for c in accepted if c.name not in server_side]
+    if client:
+        return RequiresAction(client, list(rejected))
+    return ExecuteTools(list(accepted), list(rejected))
 
 
 def plan_turn(
@@ -99,19 +149,11 @@ def plan_turn(
     server_side: frozenset[str] | Mapping[str, object],
     known: frozenset[str] | Mapping[str, object],
 ) -> TurnOutcome:
-    """Where the response goes after a turn's inference.
+    """Where the response goes after a turn's inference (when no call needs approval).
 
     `server_side` holds the tool names a server-side executor runs; every other known tool is
-    client-executed. `loop_enabled` is false for an engine without executors (single-shot).
-    """
-    if finish is FinishReason.LENGTH:
-        return Incomplete("max_output_tokens")
-    if finish is FinishReason.CONTENT_FILTER:
-        return Incomplete("content_filter")
-    if not calls or not loop_enabled or choice_kind(choice) == "none":
-        return Completed()
-    screened = screen_calls(calls, known, allowed_names(choice))
-    client = [c for c in screened.accepted if c.name not in server_side]
-    if client:
-        return RequiresAction(client, screened.rejected)
-    return ExecuteTools(screened.accepted, screened.rejected)
+    client-executed."""
+    screened = screen_turn(finish=finish, calls=calls, choice=choice, loop_enabled=loop_enabled, known=known)
+    if isinstance(screened, Screened):
+        return route_calls(screened.accepted, screened.rejected, server_side)
+    return screened

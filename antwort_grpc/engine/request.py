@@ -7,7 +7,13 @@ import time
 from antwort_grpc import pb
 from antwort_grpc.ids import new_id, response_id
 
-_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+_PREFIX = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "reasoning": "rs",
+    "approval_response": "apres",
+}
 
 
 def input_items(request: pb.CreateResponseRequest) -> list[pb.Item]:

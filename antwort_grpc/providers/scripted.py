@@ -75,6 +75,9 @@ class Turn:
     error_after: int = 0
     # Seconds to wait before each delta (to hold a stream open, or race a cancel).
     delay: float = 0.0
+    # Wait before delta `hold_at` until this event is set (tests release it; nothing sleeps).
+    hold: asyncio.Event | None = None
+    hold_at: int = 0
 
 
 TurnSource = Turn | Sequence[Output] | Callable[[TurnRequest], "Turn | Sequence[Output]"]
@@ -88,6 +91,8 @@ class ScriptedProvider:
     repeat: bool = False
     chunk_delay: float = 0.0
     requests: list[TurnRequest] = field(default_factory=list)
+    # Set while a turn waits at its `hold`.
+    holding: asyncio.Event = field(default_factory=asyncio.Event)
     # "stream" or "complete" per turn served, so tests can tell which path the engine used.
     modes: list[str] = field(default_factory=list)
     _next: int = 0
@@ -136,6 +141,9 @@ class ScriptedProvider:
         for emitted, event in enumerate(_deltas(script.outputs)):
             if script.error is not None and emitted >= script.error_after:
                 raise script.error
+            if script.hold is not None and emitted == script.hold_at:
+                self.holding.set()
+                await script.hold.wait()
             if delay:
                 await asyncio.sleep(delay)
             yield event
@@ -146,6 +154,9 @@ class ScriptedProvider:
     async def complete(self, turn: TurnRequest) -> Completion:
         self.modes.append("complete")
         script = self._take(turn)
+        if script.hold is not None:
+            self.holding.set()
+            await script.hold.wait()
         if script.delay or self.chunk_delay:
             await asyncio.sleep(script.delay or self.chunk_delay)
         if script.error is not None:

@@ -148,3 +148,8 @@ def _check_choice(
                         f"tool_choice.allowed_tools.tool_names[{n}]", f"{name!r} is not one of the request's tools"
                     )
                 )
+
+
+def check_item(item: pb.Item, at: str, v: list[FieldViolation]) -> None:
+    """The checks of one input item, for other inputs that carry items (controls)."""
+    _check_item(item, at, v)

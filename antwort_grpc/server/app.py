@@ -19,7 +19,7 @@ from antwort_grpc.engine import Engine, EngineConfig
 from antwort_grpc.executors.base import ToolExecutor
 from antwort_grpc.providers.base import Provider, ProviderHealth
 from antwort_grpc.server.servicer import ResponsesServicer
-from antwort_grpc.storage.base import CancelSignals, ResponseStore
+from antwort_grpc.storage.base import CancelSignals, ControlSignals, ResponseStore
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ async def start_gateway(
             max_turns=settings.max_turns,
             default_model=settings.model,
             history_max_depth=settings.history_max_depth,
+            approval_timeout=settings.approval_timeout,
         ),
     )
     server = grpc.aio.server(
@@ -95,7 +96,8 @@ async def start_gateway(
             ("grpc.so_reuseport", 0),
         ]
     )
-    pb.add_ResponsesServiceServicer_to_server(ResponsesServicer(engine, store), server)
+    servicer = ResponsesServicer(engine, store)
+    pb.add_ResponsesServiceServicer_to_server(servicer, server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
@@ -118,6 +120,16 @@ async def start_gateway(
     if isinstance(store, CancelSignals):
         # Cancels requested on any replica (or through the store) stop runs of this engine.
         gateway.unsubscribe = store.on_cancel(engine.runs.stop)
+    if isinstance(store, ControlSignals):
+        # Controls sent on any replica reach the runs of this one.
+        stop_cancels, stop_controls = gateway.unsubscribe, store.on_control(servicer.responses.deliver)
+
+        def unsubscribe() -> None:
+            stop_controls()
+            if stop_cancels is not None:
+                stop_cancels()
+
+        gateway.unsubscribe = unsubscribe
     check = getattr(provider, "check_health", None)
     if check is not None:
         gateway.watcher = asyncio.create_task(_watch_backend(health, check))

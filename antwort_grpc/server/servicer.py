@@ -1,4 +1,5 @@
-"""antwort.v1.ResponsesService: a thin layer over the engine and the store."""
+"""antwort.v1.ResponsesService: the gRPC front door of the responses layer. It only adapts:
+messages in, RequestErrors out as statuses with details, events out as stream messages."""
 
 from __future__ import annotations
 
@@ -11,19 +12,15 @@ import grpc
 
 from antwort_grpc import pb
 from antwort_grpc.engine import Engine
-from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument, not_found
-from antwort_grpc.responses.validation import validate_create
+from antwort_grpc.engine.run import Run
+from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
+from antwort_grpc.responses.controls import validate_control
+from antwort_grpc.responses.service import Responses, rejection
 from antwort_grpc.status import abort
-from antwort_grpc.storage.base import RUNNING, CancelSignals, ResponseStore, StoredResponse
+from antwort_grpc.storage.base import ResponseStore
 
 # grpc ships no type information: the servicer context is untyped.
 Context: TypeAlias = Any
-S = pb.ResponseStatus
-
-# How long CancelResponse waits for the stopped response to be stored.
-CANCEL_WAIT = 10.0
-# Polling the store for the end of a response cancelled on another replica: first and longest gap.
-CANCEL_POLL = (0.01, 0.2)
 
 
 def owner_of(context: Context) -> str:
@@ -33,132 +30,192 @@ def owner_of(context: Context) -> str:
 
 class ResponsesServicer(pb.ResponsesServiceServicer):
     def __init__(self, engine: Engine, store: ResponseStore) -> None:
-        self.engine = engine
-        self.store = store
+        self.responses = Responses(engine, store)
 
     async def CreateResponse(
         self, request: pb.CreateResponseRequest, context: Context
     ) -> AsyncIterator[pb.CreateResponseResponse]:
-        violations = validate_create(request)
-        if violations:
-            await abort(context, invalid_argument(violations))
-        events = self.engine.run(request, owner=owner_of(context), timeout=context.time_remaining())
         try:
-            first = await anext(events)
+            run = await self.responses.create(request, owner=owner_of(context), timeout=context.time_remaining())
         except RequestError as err:
             await abort(context, err)
             return
         if request.stream:
-            yield _message(first)
-            async for event in events:
+            async for event in run.events():
                 yield _message(event)
         else:
             # One code path: drain the same stream, send only the terminal event.
-            last = first
-            async for event in events:
+            last = None
+            async for event in run.events():
                 last = event
+            assert last is not None
             yield _message(last)
 
+    async def Converse(self, requests: AsyncIterator[pb.ConverseRequest], context: Context) -> None:
+        await _Session(self.responses, requests, context).serve()
+
+    async def ControlResponse(self, request: pb.ControlResponseRequest, context: Context) -> pb.ControlResponseResponse:
+        try:
+            response = await self.responses.control(request.response_id, request.control, owner_of(context))
+        except RequestError as err:
+            await abort(context, err)
+            raise AssertionError("unreachable") from err
+        return pb.ControlResponseResponse(response=response)
+
     async def GetResponse(self, request: pb.GetResponseRequest, context: Context) -> pb.GetResponseResponse:
-        response_id = await _required_id(request.response_id, context)
-        owner = owner_of(context)
-        record = await self.store.get(response_id, owner)
-        if record is None:
-            running = self.engine.runs.get(response_id, owner)
-            if running is None:
-                await abort(context, not_found("response", response_id, "response_id"))
-                raise AssertionError("unreachable")
-            return pb.GetResponseResponse(response=running.response)
-        return pb.GetResponseResponse(response=record.response)
+        try:
+            return pb.GetResponseResponse(response=await self.responses.get(request.response_id, owner_of(context)))
+        except RequestError as err:
+            await abort(context, err)
+            raise AssertionError("unreachable") from err
 
     async def DeleteResponse(self, request: pb.DeleteResponseRequest, context: Context) -> pb.DeleteResponseResponse:
-        response_id = await _required_id(request.response_id, context)
-        if not await self.store.delete(response_id, owner_of(context)):
-            await abort(context, not_found("response", response_id, "response_id"))
-        return pb.DeleteResponseResponse(response_id=response_id, deleted=True)
+        try:
+            await self.responses.delete(request.response_id, owner_of(context))
+        except RequestError as err:
+            await abort(context, err)
+        return pb.DeleteResponseResponse(response_id=request.response_id, deleted=True)
 
     async def CancelResponse(self, request: pb.CancelResponseRequest, context: Context) -> pb.CancelResponseResponse:
-        response_id = await _required_id(request.response_id, context)
-        owner = owner_of(context)
-        handle = self.engine.runs.get(response_id, owner)
-        if handle is not None:
-            handle.stop("cancelled")
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(CANCEL_WAIT):
-                    await handle.done.wait()
-            record = await self.store.get(response_id, owner)
-            return pb.CancelResponseResponse(response=record.response if record else handle.response)
-        record = await self.store.get(response_id, owner)
-        if record is None:
-            await abort(context, not_found("response", response_id, "response_id"))
-            raise AssertionError("unreachable")
-        signals = self.store if isinstance(self.store, CancelSignals) else None
-        # It runs on another replica: the store carries the request there; wait for its end.
-        if record.response.status in RUNNING and signals and await signals.request_cancel(response_id, owner):
-            ended = await self._await_end(response_id, owner)
-            if ended is not None and ended.response.status not in RUNNING:
-                # Cancelled, or ended some other way while the request travelled.
-                return pb.CancelResponseResponse(response=ended.response)
-        status = record.response.status
-        if status == S.RESPONSE_STATUS_CANCELLED:
-            return pb.CancelResponseResponse(response=record.response)
-        if status in RUNNING:
-            await abort(
-                context,
-                RequestError(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"response {response_id!r} runs on another gateway replica that did not stop it "
-                    f"within {CANCEL_WAIT:.0f}s",
-                    reason="cancel_unreachable",
-                ),
+        try:
+            return pb.CancelResponseResponse(
+                response=await self.responses.cancel(request.response_id, owner_of(context))
             )
-        await abort(
-            context,
-            RequestError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"response {response_id!r} already ended with status {S.Name(status)}",
-                [FieldViolation("response_id", "the response is not in progress")],
-                "not_in_progress",
-            ),
-        )
-        raise AssertionError("unreachable")
-
-    async def _await_end(self, response_id: str, owner: str) -> StoredResponse | None:
-        """The stored response once it has left the running statuses (or as it is at the timeout)."""
-        delay, longest = CANCEL_POLL
-        record = None
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(CANCEL_WAIT):
-                while True:
-                    record = await self.store.get(response_id, owner)
-                    if record is None or record.response.status not in RUNNING:
-                        return record
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, longest)
-        return record
+        except RequestError as err:
+            await abort(context, err)
+            raise AssertionError("unreachable") from err
 
     async def ListInputItems(self, request: pb.ListInputItemsRequest, context: Context) -> pb.ListInputItemsResponse:
-        response_id = await _required_id(request.response_id, context)
-        limit = request.limit or 20
-        if not 1 <= limit <= 100:
-            await abort(context, invalid_argument([FieldViolation("limit", "must be between 1 and 100")]))
-        page = await self.store.list_input_items(
-            response_id,
-            limit=limit,
-            after=request.after,
-            descending=request.order == pb.ListOrder.LIST_ORDER_DESC,
-            owner=owner_of(context),
-        )
-        if page is None:
-            await abort(context, not_found("response", response_id, "response_id"))
-            raise AssertionError("unreachable")
-        items = page.items
-        return pb.ListInputItemsResponse(
-            items=items,
-            first_id=items[0].id if items else "",
-            last_id=items[-1].id if items else "",
-            has_more=page.has_more,
-        )
+        try:
+            return await self.responses.list_input_items(
+                request.response_id,
+                limit=request.limit,
+                after=request.after,
+                descending=request.order == pb.ListOrder.LIST_ORDER_DESC,
+                owner=owner_of(context),
+            )
+        except RequestError as err:
+            await abort(context, err)
+            raise AssertionError("unreachable") from err
+
+
+class _Session:
+    """One Converse stream: responses one after another, controls for the one running.
+
+    A reader task takes the client's messages; this task writes. The client's messages that
+    cannot be accepted are answered in-band (`rejected`), except a bad first message, which ends
+    the stream with its status: nothing runs yet that it could harm."""
+
+    def __init__(self, responses: Responses, requests: AsyncIterator[pb.ConverseRequest], context: Context) -> None:
+        self.responses = responses
+        self.requests = requests
+        self.context = context
+        self.owner = owner_of(context)
+        # What the reader hands over: the next response to start, the error that ends the stream
+        # (a bad first message), or None once the client has stopped sending.
+        self.creates: asyncio.Queue[pb.CreateResponseRequest | RequestError | None] = asyncio.Queue()
+        self.run: Run | None = None
+        # Controls that came while the response was being started: delivered once it runs.
+        self.early: list[pb.Control] | None = None
+        # One write at a time: events from this task, rejections from the reader.
+        self.writing = asyncio.Lock()
+
+    async def serve(self) -> None:
+        reader = asyncio.create_task(self._read())
+        try:
+            first = True
+            while (request := await self.creates.get()) is not None:
+                if isinstance(request, RequestError):
+                    await abort(self.context, request)
+                    return
+                request.stream = True  # a session always streams its events
+                try:
+                    run = await self.responses.create(
+                        request, owner=self.owner, timeout=self.context.time_remaining(), controller=True
+                    )
+                except RequestError as err:
+                    self.early = None
+                    if first:
+                        await abort(self.context, err)
+                    await self._reject(err)
+                    continue
+                first = False
+                self.run = run
+                early, self.early = self.early or [], None
+                for control in early:
+                    await self._control(control)
+                if reader.done():
+                    run.detach()
+                try:
+                    async for event in run.events():
+                        message = pb.ConverseResponse()
+                        message.event.CopyFrom(event)
+                        async with self.writing:
+                            await self.context.write(message)
+                finally:
+                    self.run = None
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def _read(self) -> None:
+        try:
+            first = True
+            async for message in self.requests:
+                which = message.WhichOneof("message")
+                if first and which != "create":
+                    violation = FieldViolation("create", "the first message of a session starts a response")
+                    self.creates.put_nowait(invalid_argument([violation]))
+                    return
+                first = False
+                if which == "create":
+                    if self.run is not None or self.early is not None:
+                        await self._reject(_busy())
+                        continue
+                    self.early = []
+                    self.creates.put_nowait(message.create)
+                elif which == "control":
+                    await self._control(message.control)
+                else:
+                    await self._reject(invalid_argument([FieldViolation("message", "required: create or control")]))
+        finally:
+            # No more controls: nobody is left to decide approvals; no further responses.
+            if self.run is not None:
+                self.run.detach()
+            self.creates.put_nowait(None)
+
+    async def _control(self, control: pb.Control) -> None:
+        violations = validate_control(control)
+        try:
+            if violations:
+                raise invalid_argument(violations)
+            if self.run is None and self.early is not None:
+                self.early.append(control)
+                return
+            if self.run is None:
+                raise RequestError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    "no response is running on this stream",
+                    [FieldViolation("control", "no response is running on this stream")],
+                    "not_in_progress",
+                )
+            self.run.send(control)
+        except RequestError as err:
+            await self._reject(err)
+
+    async def _reject(self, err: RequestError) -> None:
+        async with self.writing:
+            await self.context.write(pb.ConverseResponse(rejected=rejection(err)))
+
+
+def _busy() -> RequestError:
+    return RequestError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "a response is still running on this stream: send the next create after its terminal event",
+        [FieldViolation("create", "a response is still running on this stream")],
+        "response_in_progress",
+    )
 
 
 def _message(event: pb.StreamEvent) -> pb.CreateResponseResponse:
@@ -167,9 +224,3 @@ def _message(event: pb.StreamEvent) -> pb.CreateResponseResponse:
     message = pb.CreateResponseResponse()
     message.event.CopyFrom(event)
     return message
-
-
-async def _required_id(response_id: str, context: Context) -> str:
-    if not response_id:
-        await abort(context, invalid_argument([FieldViolation("response_id", "required")]))
-    return response_id

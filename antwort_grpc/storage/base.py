@@ -68,6 +68,20 @@ class CancelSignals(Protocol):
 
 
 @runtime_checkable
+class ControlSignals(Protocol):
+    """Deliver a control to the replica that runs a response, and hear its answer."""
+
+    async def send_control(self, response_id: str, owner: str, control: pb.Control) -> pb.ControlRejected | None:
+        """The running replica's answer (code 0: accepted), or None when none answered in time."""
+        ...
+
+    def on_control(self, callback: Callable[[str, pb.Control], pb.ControlRejected]) -> Callable[[], None]:
+        """Call `callback(response_id, control)` for every control sent to a response this process
+        runs; its answer goes back to the sender. Returns the function that unsubscribes."""
+        ...
+
+
+@runtime_checkable
 class Closable(Protocol):
     async def close(self) -> None:
         """Stop background work and release the database. What this process still ran is

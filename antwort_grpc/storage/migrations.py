@@ -53,6 +53,19 @@ POSTGRES: list[tuple[str, ...]] = [
         f"CREATE INDEX antwort_responses_running ON antwort_responses (instance) WHERE status IN {RUNNING_SQL}",
         "CREATE INDEX antwort_responses_expiry ON antwort_responses (expires_at) WHERE expires_at IS NOT NULL",
     ),
+    (
+        # Controls on their way to the replica that runs the response, and that replica's answer
+        # (a ControlRejected; code 0 when it was accepted).
+        """CREATE TABLE antwort_controls (
+            id BIGSERIAL PRIMARY KEY,
+            response_id TEXT NOT NULL,
+            instance TEXT NOT NULL,
+            control BYTEA NOT NULL,
+            answer BYTEA,
+            created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+        )""",
+        "CREATE INDEX antwort_controls_open ON antwort_controls (instance) WHERE answer IS NULL",
+    ),
 ]
 
 # Any constant: serializes migrations between processes starting at the same time.

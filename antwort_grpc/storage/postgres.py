@@ -15,6 +15,11 @@ NOTIFY in the same transaction; the running replica LISTENs on its session conne
 the response at once. The flag is polled every maintenance interval too, so a notification lost
 while the session reconnects still arrives, late.
 
+Controls across replicas (steer, approve, pause, ...) travel the same way: a row in
+antwort_controls and a NOTIFY naming it; the running replica applies the control, writes its
+answer into the row, and the sender, polling the row, returns that answer. Open rows are polled
+too.
+
 The session connection must be a real session: through a pooler in transaction mode
 (PgBouncer's default) neither the lock nor LISTEN works.
 """
@@ -29,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import asyncpg
 
+from antwort_grpc import pb
 from antwort_grpc.storage.base import ItemPage, StoredResponse
 from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, from_row, interrupted, page_items, to_row
 from antwort_grpc.storage.maintenance import CancelCallbacks, run_every, stop_task
@@ -45,6 +51,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CHANNEL = "antwort_cancel"
+CONTROL_CHANNEL = "antwort_control"
+# How long a sender waits for the running replica's answer to a control, and its polling gaps.
+CONTROL_WAIT = 10.0
+CONTROL_POLL = (0.005, 0.1)
 # The advisory lock of an instance: a 64-bit hash of its id.
 LOCK_KEY = "hashtextextended($1, 0)"
 # On the session connection: the server notices a vanished host within about 25 s, not the
@@ -84,6 +94,8 @@ class PostgresStore:
         self.pool = pool
         self.options = options
         self._cancels = CancelCallbacks()
+        self._control_handler: Callable[[str, pb.Control], pb.ControlRejected] | None = None
+        self._answering: set[asyncio.Task[None]] = set()
         self._session: Connection | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -108,7 +120,7 @@ class PostgresStore:
             await store._close_session()
             await pool.close()
             raise
-        steps = [store._ensure_session, store.mark_interrupted, store.poll_cancels]
+        steps = [store._ensure_session, store.mark_interrupted, store.poll_cancels, store.poll_controls]
         if options.ttl_seconds is not None:
             steps.append(store.purge_expired)
         store._task = run_every(options.maintenance_interval, steps, "postgres-store-upkeep")
@@ -179,6 +191,7 @@ class PostgresStore:
             # Waits only while a sweeper holds it for a moment (after this session was lost).
             await conn.execute(f"SELECT pg_advisory_lock({LOCK_KEY})", self.options.instance_id)
             await conn.add_listener(CHANNEL, self._notified)
+            await conn.add_listener(CONTROL_CHANNEL, self._control_notified)
         except BaseException:
             await conn.close()
             raise
@@ -249,6 +262,83 @@ class PostgresStore:
         instance, _, response_id = str(payload).partition("\n")
         if instance == self.options.instance_id:
             self._cancels.deliver(response_id)
+
+    # -- ControlSignals -------------------------------------------------------------------------
+
+    async def send_control(self, response_id: str, owner: str, control: pb.Control) -> pb.ControlRejected | None:
+        async with self.pool.acquire() as conn, conn.transaction():
+            instance = await conn.fetchval(
+                f"SELECT instance FROM antwort_responses WHERE id = $1 AND owner = $2 AND status IN {RUNNING_SQL}",
+                response_id,
+                owner,
+            )
+            if instance is None:
+                return pb.ControlRejected(
+                    code=9, message=f"response {response_id!r} is not in progress", reason="not_in_progress"
+                )
+            control_id = await conn.fetchval(
+                "INSERT INTO antwort_controls (response_id, instance, control) VALUES ($1, $2, $3) RETURNING id",
+                response_id,
+                instance,
+                control.SerializeToString(),
+            )
+            await conn.execute("SELECT pg_notify($1, $2)", CONTROL_CHANNEL, f"{instance}\n{control_id}")
+        delay, longest = CONTROL_POLL
+        try:
+            async with asyncio.timeout(CONTROL_WAIT):
+                while True:
+                    await asyncio.sleep(delay)
+                    answer = await self.pool.fetchval("SELECT answer FROM antwort_controls WHERE id = $1", control_id)
+                    if answer is not None:
+                        return pb.ControlRejected.FromString(answer)
+                    delay = min(delay * 2, longest)
+        except TimeoutError:
+            return None
+        finally:
+            await self.pool.execute("DELETE FROM antwort_controls WHERE id = $1", control_id)
+
+    def on_control(self, callback: Callable[[str, pb.Control], pb.ControlRejected]) -> Callable[[], None]:
+        self._control_handler = callback
+
+        def remove() -> None:
+            self._control_handler = None
+
+        return remove
+
+    async def poll_controls(self) -> int:
+        """Unanswered controls for this instance (a NOTIFY lost while reconnecting); and the
+        rows of senders that died waiting."""
+        await self.pool.execute("DELETE FROM antwort_controls WHERE created_at < now() - interval '1 hour'")
+        rows = await self.pool.fetch(
+            "SELECT id FROM antwort_controls WHERE instance = $1 AND answer IS NULL", self.options.instance_id
+        )
+        for row in rows:
+            await self._answer(row["id"])
+        return len(rows)
+
+    def _control_notified(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        instance, _, control_id = str(payload).partition("\n")
+        if instance == self.options.instance_id and control_id.isdigit():
+            task = asyncio.get_running_loop().create_task(self._answer(int(control_id)))
+            self._answering.add(task)
+            task.add_done_callback(self._answering.discard)
+
+    async def _answer(self, control_id: int) -> None:
+        handler = self._control_handler
+        if handler is None:
+            return
+        try:
+            row = await self.pool.fetchrow(
+                "SELECT response_id, control FROM antwort_controls WHERE id = $1 AND answer IS NULL", control_id
+            )
+            if row is None:
+                return
+            answer = handler(row["response_id"], pb.Control.FromString(row["control"]))
+            await self.pool.execute(
+                "UPDATE antwort_controls SET answer = $2 WHERE id = $1", control_id, answer.SerializeToString()
+            )
+        except Exception:
+            log.exception("answering control %s failed", control_id)
 
 
 async def _mark_instance(conn: AnyConnection, instance: str) -> int:

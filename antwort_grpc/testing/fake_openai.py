@@ -67,6 +67,9 @@ class FakeOpenAI:
         self._calls = 0
         self._disconnected = asyncio.Event()
         self._received = asyncio.Event()
+        # A stream waiting at its reply's `hold_at`, and the gate that lets it go on.
+        self._holding = asyncio.Event()
+        self._released = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self._bound_port = 0
         self._expand()
@@ -113,6 +116,17 @@ class FakeOpenAI:
         """Returns once a client has gone away mid-answer (raises TimeoutError otherwise)."""
         async with asyncio.timeout(timeout):
             await self._disconnected.wait()
+
+    async def wait_held(self, timeout: float = 5.0) -> None:
+        """Returns once a stream waits at its reply's `hold_at` (raises TimeoutError otherwise)."""
+        async with asyncio.timeout(timeout):
+            await self._holding.wait()
+
+    def release(self) -> None:
+        """Let the held streams go on; a later reply with `hold_at` holds again."""
+        self._released.set()
+        self._released = asyncio.Event()
+        self._holding = asyncio.Event()
 
     async def start(self) -> None:
         app = web.Application()
@@ -211,6 +225,10 @@ class FakeOpenAI:
                 assert request.transport is not None
                 request.transport.abort()
                 return response
+            if n == reply.hold_at:
+                released = self._released
+                self._holding.set()
+                await released.wait()
             if n >= reply.delay_from and reply.delay:
                 await asyncio.sleep(reply.delay)
             data = "{not json" if n == reply.malformed_at else payload

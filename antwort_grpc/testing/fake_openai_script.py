@@ -44,6 +44,8 @@ class Reply(BaseModel):
     delay: float = 0.0
     # The first streamed event that waits `delay` (the role chunk is event 0).
     delay_from: int = 1
+    # Hold the stream before this data event until the test calls `FakeOpenAI.release()`.
+    hold_at: int | None = None
     # Faults: abort the connection after this many data events; send garbage as event n (any
     # value: a non-streamed answer is garbage as a whole).
     cut_after: int | None = None

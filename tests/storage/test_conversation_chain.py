@@ -16,7 +16,7 @@ async def test_the_chain_rebuilds_earlier_input_then_output_oldest_first(store: 
     await store.save(record("resp_1", inputs=("q1",), outputs=("a1",)))
     await store.save(record("resp_2", inputs=("q2",), outputs=("a2",), previous="resp_1"))
     await store.save(record("resp_3", inputs=("q3",), outputs=("a3",), previous="resp_2"))
-    items = await load_history(store, "resp_3", owner="", max_depth=100)
+    items = (await load_history(store, "resp_3", owner="", max_depth=100)).items
     assert texts(items) == ["q1", "a1", "q2", "a2", "q3", "a3"]
 
 
@@ -57,7 +57,7 @@ async def test_a_chain_longer_than_the_depth_limit_is_refused(store: Any) -> Non
     for n in range(5):
         await store.save(record(f"resp_{n}", inputs=(f"q{n}",), outputs=(f"a{n}",), previous=previous))
         previous = f"resp_{n}"
-    assert len(await load_history(store, "resp_4", owner="", max_depth=5)) == 10
+    assert len((await load_history(store, "resp_4", owner="", max_depth=5)).items) == 10
     with pytest.raises(RequestError) as info:
         await load_history(store, "resp_4", owner="", max_depth=4)
     assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION

@@ -96,6 +96,29 @@ async def test_requires_action_is_stored_and_continued_after_the_gateway_restart
     assert (await stored(second_store, done.id)).previous_response_id == paused.id
 
 
+async def test_an_approval_is_given_after_the_gateway_restarts(backend: Backend) -> None:
+    first_store = await backend.open()
+    provider = ScriptedProvider([[Call.of("get_weather", {"city": "Paris"}, call_id="c1")], [Text("Sunny.")]])
+    tool = function_tool("get_weather", city="string")
+    tool.require_approval.mode = pb.ApprovalMode.APPROVAL_MODE_ALWAYS
+    request = user("Weather in Paris?")
+    request.tools.append(tool)
+    async with running_gateway(provider=provider, store=first_store) as gw:
+        paused = await gw.create(request)
+    assert paused.status == S.RESPONSE_STATUS_REQUIRES_ACTION
+    await backend.close(first_store)
+
+    second_store = await backend.open()
+    async with running_gateway(provider=provider, store=second_store) as gw:
+        approve = pb.CreateResponseRequest(previous_response_id=paused.id, tools=[tool])
+        approve.input_items.items.add().approval_response.CopyFrom(pb.ApprovalResponse(call_id="c1", approve=True))
+        handed = await gw.create(approve)
+        assert [i.WhichOneof("kind") for i in handed.output] == []
+        assert handed.status == S.RESPONSE_STATUS_REQUIRES_ACTION
+        done = await gw.create(follow_up(handed.id, answer("c1", '{"temp": 21}')))
+    assert done.status == S.RESPONSE_STATUS_COMPLETED and output_text(done) == "Sunny."
+
+
 @STREAM
 async def test_the_turn_limit_stores_an_incomplete_response(store: Any, stream: bool) -> None:
     provider = ScriptedProvider([[Call.of("A", {})]], repeat=True)

@@ -89,6 +89,59 @@ async def test_cancel_on_replica_b_ends_a_stream_running_on_replica_a(replicas: 
     assert output_text(stored).startswith("word word word")
 
 
+async def test_a_steer_sent_to_replica_b_reaches_a_stream_running_on_replica_a(replicas: Replicas) -> None:
+    replicas.fake.add(Reply(text="deploying to the US region now", hold_at=3), Reply(text="Deploying to the EU."))
+    stream = Stream(replicas.a, user("deploy"))
+    await replicas.fake.wait_held(10)
+    part = pb.ContentPart(input_text=pb.InputText(text="use the EU region"))
+    steer = pb.Control(
+        steer=pb.SteerControl(items=[pb.Item(message=pb.Message(role=pb.Role.ROLE_USER, content=[part]))])
+    )
+    reply = await replicas.b.stub.ControlResponse(
+        pb.ControlResponseRequest(response_id=stream.response_id, control=steer)
+    )
+    assert reply.response.id == stream.response_id
+    replicas.fake.release()
+    events = await stream.finished()
+    assert_valid_stream(events)
+    assert "input_injected" in kinds(events)
+    assert output_text(response_of(events[-1])).endswith("Deploying to the EU.")
+    assert replicas.fake.chat_requests[-1]["messages"][-1] == {"role": "user", "content": "use the EU region"}
+
+
+async def test_a_control_for_a_response_that_ended_is_refused_on_any_replica(replicas: Replicas) -> None:
+    replicas.fake.add(Reply(text="done"))
+    done = await create(replicas.a, user("hi"))
+    resume = pb.Control(resume=pb.ResumeControl())
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await replicas.b.stub.ControlResponse(pb.ControlResponseRequest(response_id=done.id, control=resume))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_an_approval_asked_on_replica_a_is_given_on_replica_b(replicas: Replicas) -> None:
+    call = ScriptedToolCall(name="send_mail", arguments='{"to": "ops"}', id="call_mail")
+    replicas.fake.add(Reply(tool_calls=[call]), Reply(text="Mail sent."))
+    tool = function_tool("send_mail", to="string")
+    tool.require_approval.mode = pb.ApprovalMode.APPROVAL_MODE_ALWAYS
+    request = user("tell ops")
+    request.tools.append(tool)
+    paused = await create(replicas.a, request)
+    assert paused.status == S.RESPONSE_STATUS_REQUIRES_ACTION
+    assert paused.output[-1].approval_request.call_id == "call_mail"
+
+    approve = pb.CreateResponseRequest(previous_response_id=paused.id, tools=[tool])
+    approve.input_items.items.add().approval_response.CopyFrom(pb.ApprovalResponse(call_id="call_mail", approve=True))
+    handed = await create(replicas.b, approve)
+    assert handed.status == S.RESPONSE_STATUS_REQUIRES_ACTION, "approved: the call goes to the client"
+
+    result = pb.CreateResponseRequest(previous_response_id=handed.id, tools=[tool])
+    result.input_items.items.add().function_call_output.CopyFrom(
+        pb.FunctionCallOutput(call_id="call_mail", output="ok")
+    )
+    done = await create(replicas.a, result)
+    assert done.status == S.RESPONSE_STATUS_COMPLETED and output_text(done) == "Mail sent."
+
+
 async def test_a_surviving_replica_marks_a_killed_replicas_response_interrupted(replicas: Replicas) -> None:
     replicas.fake.add(SLOW)
     async with gateway_process(replicas.url, replicas.fake.url) as doomed, status_changes(replicas.url) as changes:

@@ -1,0 +1,205 @@
+"""The responses layer: what every front door does with a request, whatever the transport.
+
+It validates, starts runs, and reads, deletes, cancels and controls responses wherever they run:
+in this process (the engine's registry) or on another replica (through the store's signals).
+Failures are RequestErrors (a gRPC status code, field violations, a reason); a front door only
+converts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+
+from antwort_grpc import pb
+from antwort_grpc.engine import Engine
+from antwort_grpc.engine.run import Run
+from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument, not_found
+from antwort_grpc.responses.controls import validate_control
+from antwort_grpc.responses.validation import validate_create
+from antwort_grpc.storage.base import RUNNING, CancelSignals, ControlSignals, ResponseStore, StoredResponse
+
+S = pb.ResponseStatus
+
+# How long a cancel waits for the stopped response to be stored.
+CANCEL_WAIT = 10.0
+# Polling the store for the end of a response cancelled on another replica: first and longest gap.
+CANCEL_POLL = (0.01, 0.2)
+
+
+class Responses:
+    def __init__(self, engine: Engine, store: ResponseStore) -> None:
+        self.engine = engine
+        self.store = store
+
+    async def create(
+        self,
+        request: pb.CreateResponseRequest,
+        *,
+        owner: str = "",
+        timeout: float | None = None,
+        controller: bool = False,
+    ) -> Run:
+        """A started (and stored) response; iterate `run.events()` to run it."""
+        violations = validate_create(request)
+        if violations:
+            raise invalid_argument(violations)
+        return await self.engine.start(request, owner=owner, timeout=timeout, controller=controller)
+
+    async def get(self, response_id: str, owner: str = "") -> pb.Response:
+        _require_id(response_id)
+        record = await self.store.get(response_id, owner)
+        if record is not None:
+            return record.response
+        run = self.engine.runs.get(response_id, owner)
+        if run is None:
+            raise not_found("response", response_id, "response_id")
+        return run.response  # store=false: only the running process knows it
+
+    async def delete(self, response_id: str, owner: str = "") -> None:
+        _require_id(response_id)
+        if not await self.store.delete(response_id, owner):
+            raise not_found("response", response_id, "response_id")
+
+    async def list_input_items(
+        self, response_id: str, *, limit: int, after: str, descending: bool, owner: str = ""
+    ) -> pb.ListInputItemsResponse:
+        _require_id(response_id)
+        limit = limit or 20
+        if not 1 <= limit <= 100:
+            raise invalid_argument([FieldViolation("limit", "must be between 1 and 100")])
+        page = await self.store.list_input_items(
+            response_id, limit=limit, after=after, descending=descending, owner=owner
+        )
+        if page is None:
+            raise not_found("response", response_id, "response_id")
+        items = page.items
+        return pb.ListInputItemsResponse(
+            items=items,
+            first_id=items[0].id if items else "",
+            last_id=items[-1].id if items else "",
+            has_more=page.has_more,
+        )
+
+    async def cancel(self, response_id: str, owner: str = "") -> pb.Response:
+        """Stop a response wherever it runs; the response once stored as stopped."""
+        _require_id(response_id)
+        run = self.engine.runs.get(response_id, owner)
+        if run is not None:
+            run.stop("cancelled")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CANCEL_WAIT):
+                    await run.done.wait()
+            record = await self.store.get(response_id, owner)
+            return record.response if record else run.response
+        record = await self._stored(response_id, owner)
+        signals = self.store if isinstance(self.store, CancelSignals) else None
+        # It runs on another replica: the store carries the request there; wait for its end.
+        if record.response.status in RUNNING and signals and await signals.request_cancel(response_id, owner):
+            ended = await self._await_end(response_id, owner)
+            if ended is not None and ended.response.status not in RUNNING:
+                # Cancelled, or ended some other way while the request travelled.
+                return ended.response
+        status = record.response.status
+        if status == S.RESPONSE_STATUS_CANCELLED:
+            return record.response
+        if status in RUNNING:
+            raise _unreachable(response_id, "cancel_unreachable")
+        raise _ended(response_id, status)
+
+    async def control(self, response_id: str, control: pb.Control, owner: str = "") -> pb.Response:
+        """Deliver a control to a response in progress, here or on another replica."""
+        _require_id(response_id)
+        violations = validate_control(control)
+        if violations:
+            raise invalid_argument(violations)
+        if control.WhichOneof("control") == "cancel":
+            return await self.cancel(response_id, owner)
+        run = self.engine.runs.get(response_id, owner)
+        if run is not None:
+            run.send(control)
+            return run.response
+        record = await self._stored(response_id, owner)
+        status = record.response.status
+        if status not in RUNNING:
+            raise _ended(response_id, status)
+        if not isinstance(self.store, ControlSignals):
+            raise _unreachable(response_id)
+        rejected = await self.store.send_control(response_id, owner, control)
+        if rejected is None:
+            raise _unreachable(response_id)
+        if rejected.code:
+            raise rejected_error(rejected)
+        return (await self._stored(response_id, owner)).response
+
+    def deliver(self, response_id: str, control: pb.Control) -> pb.ControlRejected:
+        """A control that came through the store from another replica (the owner was checked
+        there): applied here; what the sender should answer."""
+        run = self.engine.runs.get(response_id)
+        if run is None:
+            return rejection(_unreachable(response_id))
+        try:
+            run.send(control)
+        except RequestError as err:
+            return rejection(err)
+        return pb.ControlRejected()
+
+    async def _stored(self, response_id: str, owner: str) -> StoredResponse:
+        record = await self.store.get(response_id, owner)
+        if record is None:
+            raise not_found("response", response_id, "response_id")
+        return record
+
+    async def _await_end(self, response_id: str, owner: str) -> StoredResponse | None:
+        """The stored response once it has left the running statuses (or as it is at the timeout)."""
+        delay, longest = CANCEL_POLL
+        record = None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CANCEL_WAIT):
+                while True:
+                    record = await self.store.get(response_id, owner)
+                    if record is None or record.response.status not in RUNNING:
+                        return record
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, longest)
+        return record
+
+
+def rejection(err: RequestError) -> pb.ControlRejected:
+    """A RequestError as the in-band message of a stream (and across replicas)."""
+    return pb.ControlRejected(
+        code=err.code.value[0],
+        message=err.message,
+        reason=err.reason,
+        field_violations=[pb.FieldViolation(field=v.field, description=v.description) for v in err.violations],
+    )
+
+
+def rejected_error(rejected: pb.ControlRejected) -> RequestError:
+    code = next((c for c in grpc.StatusCode if c.value[0] == rejected.code), grpc.StatusCode.UNKNOWN)
+    violations = [FieldViolation(v.field, v.description) for v in rejected.field_violations]
+    return RequestError(code, rejected.message, violations, rejected.reason)
+
+
+def _require_id(response_id: str) -> None:
+    if not response_id:
+        raise invalid_argument([FieldViolation("response_id", "required")])
+
+
+def _unreachable(response_id: str, reason: str = "control_unreachable") -> RequestError:
+    return RequestError(
+        grpc.StatusCode.UNAVAILABLE,
+        f"response {response_id!r} runs on another gateway replica that did not answer within {CANCEL_WAIT:.0f}s",
+        reason=reason,
+    )
+
+
+def _ended(response_id: str, status: int) -> RequestError:
+    return RequestError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"response {response_id!r} already ended with status {S.Name(status)}",
+        [FieldViolation("response_id", "the response is not in progress")],
+        "not_in_progress",
+    )
