@@ -8,6 +8,16 @@ command -v go >/dev/null || need+=(golang-go golang-google-grpc-dev golang-googl
 command -v protoc-gen-go-grpc >/dev/null || need+=(protobuf-compiler protoc-gen-go protoc-gen-go-grpc)
 # grpc-go needs protobuf 1.5's shim: with the default 1.3 package the client builds but panics.
 dpkg -s golang-github-golang-protobuf-1-5-dev >/dev/null 2>&1 || need+=(golang-github-golang-protobuf-1-5-dev)
+# The Java example client (examples/java): a JDK and Debian's grpc-java jars, StatusProto and
+# BadRequest from proto-google-common-protos.
+command -v javac >/dev/null || need+=(default-jdk-headless)
+for pkg in libgrpc-java libprotobuf-java protobuf-compiler-grpc-java-plugin libnetty-java libperfmark-java \
+  libgoogle-gson-java libgoogle-common-protos-java; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+# The Node example clients (examples/node): node and npm; the test installs their npm packages.
+command -v node >/dev/null || need+=(nodejs)
+command -v npm >/dev/null || need+=(npm)
 if ((${#need[@]})); then
   echo "installing ${need[*]} (apt)"
   export DEBIAN_FRONTEND=noninteractive

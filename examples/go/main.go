@@ -1,0 +1,214 @@
+// A Go client of antwort.v1.ResponsesService: code generated from protos/ with their go_package,
+// built with Debian's Go toolchain and grpc-go (see README, "Clients in Go, Java and Node").
+//
+// It holds one conversation and prints a transcript line per step: a streamed answer, a function
+// tool round trip (requires_action, then the result sent back with previous_response_id), the
+// google.rpc.BadRequest details of an INVALID_ARGUMENT, and CancelResponse on a running answer.
+//
+//	go-client 127.0.0.1:50051
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	antwortv1 "github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// kind is the name of the event's oneof field: "created", "output_text_delta", …
+func kind(ev *antwortv1.StreamEvent) string {
+	m := ev.ProtoReflect()
+	field := m.WhichOneof(m.Descriptor().Oneofs().ByName("event"))
+	if field == nil {
+		return "unknown"
+	}
+	return string(field.Name())
+}
+
+// terminal is the Response carried by a terminal event, or nil.
+func terminal(ev *antwortv1.StreamEvent) *antwortv1.Response {
+	switch e := ev.GetEvent().(type) {
+	case *antwortv1.StreamEvent_Completed:
+		return e.Completed.GetResponse()
+	case *antwortv1.StreamEvent_RequiresAction:
+		return e.RequiresAction.GetResponse()
+	case *antwortv1.StreamEvent_Incomplete:
+		return e.Incomplete.GetResponse()
+	case *antwortv1.StreamEvent_Failed:
+		return e.Failed.GetResponse()
+	case *antwortv1.StreamEvent_Cancelled:
+		return e.Cancelled.GetResponse()
+	}
+	return nil
+}
+
+// run streams one response; onEvent sees every event. It returns the event kinds, the text and
+// the terminal event.
+func run(client antwortv1.ResponsesServiceClient, req *antwortv1.CreateResponseRequest, onEvent func(*antwortv1.StreamEvent)) ([]string, string, *antwortv1.StreamEvent, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req.Stream = true
+	events, err := client.CreateResponse(ctx, req)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	var kinds []string
+	var text strings.Builder
+	var last *antwortv1.StreamEvent
+	for {
+		msg, err := events.Recv()
+		if err == io.EOF {
+			return kinds, text.String(), last, nil
+		}
+		if err != nil {
+			return kinds, text.String(), last, err
+		}
+		ev := msg.GetEvent()
+		kinds = append(kinds, kind(ev))
+		if delta := ev.GetOutputTextDelta(); delta != nil {
+			text.WriteString(delta.GetDelta())
+		}
+		if terminal(ev) != nil {
+			last = ev
+		}
+		if onEvent != nil {
+			onEvent(ev)
+		}
+	}
+}
+
+func weatherTool() *antwortv1.Tool {
+	// google.protobuf.Struct from a plain Go map: the JSON Schema of the arguments.
+	params, err := structpb.NewStruct(map[string]interface{}{
+		"type":       "object",
+		"properties": map[string]interface{}{"city": map[string]interface{}{"type": "string"}},
+		"required":   []interface{}{"city"},
+	})
+	if err != nil {
+		panic(err)
+	}
+	return &antwortv1.Tool{Kind: &antwortv1.Tool_Function{Function: &antwortv1.FunctionTool{Name: "get_weather", Parameters: params}}}
+}
+
+func streamText(client antwortv1.ResponsesServiceClient) error {
+	kinds, text, _, err := run(client, &antwortv1.CreateResponseRequest{
+		Input: &antwortv1.CreateResponseRequest_InputText{InputText: "Say hello in French."},
+	}, nil)
+	if err != nil {
+		return err
+	}
+	fmt.Println("stream:", strings.Join(kinds, " "))
+	fmt.Println("text:", text)
+	return nil
+}
+
+func toolRoundTrip(client antwortv1.ResponsesServiceClient) error {
+	tool := weatherTool()
+	_, _, last, err := run(client, &antwortv1.CreateResponseRequest{
+		Input: &antwortv1.CreateResponseRequest_InputText{InputText: "Weather in Paris?"},
+		Tools: []*antwortv1.Tool{tool},
+	}, nil)
+	if err != nil {
+		return err
+	}
+	action := last.GetRequiresAction()
+	if action == nil {
+		return fmt.Errorf("expected requires_action, got %s", kind(last))
+	}
+	call := action.GetToolCalls()[0]
+	fmt.Println("requires_action:", call.GetCallId(), call.GetName(), call.GetArguments())
+	// The client runs the tool and sends its result back.
+	result := &antwortv1.Item{Kind: &antwortv1.Item_FunctionCallOutput{FunctionCallOutput: &antwortv1.FunctionCallOutput{
+		CallId: call.GetCallId(), Output: `{"temp": 21}`,
+	}}}
+	_, text, last, err := run(client, &antwortv1.CreateResponseRequest{
+		PreviousResponseId: action.GetResponse().GetId(),
+		Input:              &antwortv1.CreateResponseRequest_InputItems{InputItems: &antwortv1.ItemList{Items: []*antwortv1.Item{result}}},
+		Tools:              []*antwortv1.Tool{tool},
+	}, nil)
+	if err != nil {
+		return err
+	}
+	if last.GetCompleted() == nil {
+		return fmt.Errorf("expected completed, got %s", kind(last))
+	}
+	fmt.Println("completed:", text)
+	return nil
+}
+
+// codeName spells status codes the way google.rpc.Code does.
+var codeName = map[codes.Code]string{codes.InvalidArgument: "INVALID_ARGUMENT", codes.NotFound: "NOT_FOUND"}
+
+func badRequest(client antwortv1.ResponsesServiceClient) error {
+	temperature := 5.0
+	_, _, _, err := run(client, &antwortv1.CreateResponseRequest{
+		Input:       &antwortv1.CreateResponseRequest_InputText{InputText: "Too hot."},
+		Temperature: &temperature,
+	}, nil)
+	st, ok := status.FromError(err)
+	if err == nil || !ok {
+		return fmt.Errorf("expected a gRPC error, got %v", err)
+	}
+	for _, detail := range st.Details() {
+		if bad, isBad := detail.(*errdetails.BadRequest); isBad {
+			for _, v := range bad.GetFieldViolations() {
+				fmt.Printf("bad_request: %s %s: %s\n", codeName[st.Code()], v.GetField(), v.GetDescription())
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("no BadRequest detail in %v", st.Details())
+}
+
+func cancelRunning(client antwortv1.ResponsesServiceClient) error {
+	var responseID string
+	cancelled := false
+	var cancelErr error
+	_, _, last, err := run(client, &antwortv1.CreateResponseRequest{
+		Input: &antwortv1.CreateResponseRequest_InputText{InputText: "Tell me a long story."},
+	}, func(ev *antwortv1.StreamEvent) {
+		if created := ev.GetCreated(); created != nil {
+			responseID = created.GetResponse().GetId()
+		}
+		if ev.GetOutputTextDelta() != nil && !cancelled {
+			cancelled = true
+			_, cancelErr = client.CancelResponse(context.Background(), &antwortv1.CancelResponseRequest{ResponseId: responseID})
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if cancelErr != nil {
+		return cancelErr
+	}
+	fmt.Println("cancelled:", terminal(last).GetStatus().String())
+	return nil
+}
+
+func main() {
+	conn, err := grpc.Dial(os.Args[1], grpc.WithInsecure(), grpc.WithBlock(), grpc.WithTimeout(10*time.Second))
+	if err != nil {
+		fmt.Println("dial:", err)
+		os.Exit(1)
+	}
+	defer conn.Close()
+	client := antwortv1.NewResponsesServiceClient(conn)
+	steps := []func(antwortv1.ResponsesServiceClient) error{streamText, toolRoundTrip, badRequest, cancelRunning}
+	for _, step := range steps {
+		if err := step(client); err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+	}
+	_, err = client.GetResponse(context.Background(), &antwortv1.GetResponseRequest{ResponseId: "resp_missing"})
+	fmt.Println("get_missing:", codeName[status.Code(err)])
+}
