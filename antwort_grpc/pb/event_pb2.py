@@ -23,12 +23,13 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from antwort_grpc.pb import hook_pb2 as antwort_dot_v1_dot_hook__pb2
 from antwort_grpc.pb import item_pb2 as antwort_dot_v1_dot_item__pb2
 from antwort_grpc.pb import response_pb2 as antwort_dot_v1_dot_response__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61ntwort/v1/event.proto\x12\nantwort.v1\x1a\x15\x61ntwort/v1/item.proto\x1a\x19\x61ntwort/v1/response.proto\x1a\x1egoogle/protobuf/duration.proto\"\x85\x0f\n\x0bStreamEvent\x12\x17\n\x0fsequence_number\x18\x01 \x01(\x05\x12\x33\n\x07\x63reated\x18\x02 \x01(\x0b\x32 .antwort.v1.ResponseCreatedEventH\x00\x12:\n\x0bin_progress\x18\x03 \x01(\x0b\x32#.antwort.v1.ResponseInProgressEventH\x00\x12=\n\x11output_item_added\x18\x04 \x01(\x0b\x32 .antwort.v1.OutputItemAddedEventH\x00\x12;\n\x10output_item_done\x18\x05 \x01(\x0b\x32\x1f.antwort.v1.OutputItemDoneEventH\x00\x12?\n\x12\x63ontent_part_added\x18\x06 \x01(\x0b\x32!.antwort.v1.ContentPartAddedEventH\x00\x12=\n\x11\x63ontent_part_done\x18\x07 \x01(\x0b\x32 .antwort.v1.ContentPartDoneEventH\x00\x12=\n\x11output_text_delta\x18\x08 \x01(\x0b\x32 .antwort.v1.OutputTextDeltaEventH\x00\x12;\n\x10output_text_done\x18\t \x01(\x0b\x32\x1f.antwort.v1.OutputTextDoneEventH\x00\x12T\n\x1d\x66unction_call_arguments_delta\x18\n \x01(\x0b\x32+.antwort.v1.FunctionCallArgumentsDeltaEventH\x00\x12R\n\x1c\x66unction_call_arguments_done\x18\x0b \x01(\x0b\x32*.antwort.v1.FunctionCallArgumentsDoneEventH\x00\x12\x43\n\x14reasoning_text_delta\x18\x0c \x01(\x0b\x32#.antwort.v1.ReasoningTextDeltaEventH\x00\x12\x41\n\x13reasoning_text_done\x18\r \x01(\x0b\x32\".antwort.v1.ReasoningTextDoneEventH\x00\x12\x37\n\tcompleted\x18\x0e \x01(\x0b\x32\".antwort.v1.ResponseCompletedEventH\x00\x12\x42\n\x0frequires_action\x18\x0f \x01(\x0b\x32\'.antwort.v1.ResponseRequiresActionEventH\x00\x12\x39\n\nincomplete\x18\x10 \x01(\x0b\x32#.antwort.v1.ResponseIncompleteEventH\x00\x12\x31\n\x06\x66\x61iled\x18\x11 \x01(\x0b\x32\x1f.antwort.v1.ResponseFailedEventH\x00\x12\x37\n\tcancelled\x18\x12 \x01(\x0b\x32\".antwort.v1.ResponseCancelledEventH\x00\x12N\n\x1atool_execution_in_progress\x18\x13 \x01(\x0b\x32(.antwort.v1.ToolExecutionInProgressEventH\x00\x12I\n\x17tool_execution_progress\x18\x14 \x01(\x0b\x32&.antwort.v1.ToolExecutionProgressEventH\x00\x12K\n\x18tool_execution_completed\x18\x15 \x01(\x0b\x32\'.antwort.v1.ToolExecutionCompletedEventH\x00\x12\x45\n\x15tool_execution_failed\x18\x16 \x01(\x0b\x32$.antwort.v1.ToolExecutionFailedEventH\x00\x12\x36\n\rrefusal_delta\x18\x17 \x01(\x0b\x32\x1d.antwort.v1.RefusalDeltaEventH\x00\x12\x34\n\x0crefusal_done\x18\x18 \x01(\x0b\x32\x1c.antwort.v1.RefusalDoneEventH\x00\x12\x34\n\x0cturn_started\x18\x19 \x01(\x0b\x32\x1c.antwort.v1.TurnStartedEventH\x00\x12\x34\n\x0cturn_decided\x18\x1a \x01(\x0b\x32\x1c.antwort.v1.TurnDecidedEventH\x00\x12@\n\x12\x61pproval_requested\x18\x1b \x01(\x0b\x32\".antwort.v1.ApprovalRequestedEventH\x00\x12)\n\x06paused\x18\x1c \x01(\x0b\x32\x17.antwort.v1.PausedEventH\x00\x12+\n\x07resumed\x18\x1d \x01(\x0b\x32\x18.antwort.v1.ResumedEventH\x00\x12\x38\n\x0einput_injected\x18\x1e \x01(\x0b\x32\x1e.antwort.v1.InputInjectedEventH\x00\x12\x38\n\x0eturn_completed\x18\x1f \x01(\x0b\x32\x1e.antwort.v1.TurnCompletedEventH\x00\x42\x07\n\x05\x65vent\">\n\x14ResponseCreatedEvent\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response\"A\n\x17ResponseInProgressEvent\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response\"L\n\x14OutputItemAddedEvent\x12\x14\n\x0coutput_index\x18\x01 \x01(\x05\x12\x1e\n\x04item\x18\x02 \x01(\x0b\x32\x10.antwort.v1.Item\"K\n\x13OutputItemDoneEvent\x12\x14\n\x0coutput_index\x18\x01 \x01(\x05\x12\x1e\n\x04item\x18\x02 \x01(\x0b\x32\x10.antwort.v1.Item\"|\n\x15\x43ontentPartAddedEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x15\n\rcontent_index\x18\x03 \x01(\x05\x12%\n\x04part\x18\x04 \x01(\x0b\x32\x17.antwort.v1.ContentPart\"{\n\x14\x43ontentPartDoneEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x15\n\rcontent_index\x18\x03 \x01(\x05\x12%\n\x04part\x18\x04 \x01(\x0b\x32\x17.antwort.v1.ContentPart\"c\n\x14OutputTextDeltaEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x15\n\rcontent_index\x18\x03 \x01(\x05\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\t\"a\n\x13OutputTextDoneEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x15\n\rcontent_index\x18\x03 \x01(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\"`\n\x11RefusalDeltaEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x15\n\rcontent_index\x18\x03 \x01(\x05\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\t\"a\n\x10RefusalDoneEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x15\n\rcontent_index\x18\x03 \x01(\x05\x12\x0f\n\x07refusal\x18\x04 \x01(\t\"W\n\x1f\x46unctionCallArgumentsDeltaEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\t\"Z\n\x1e\x46unctionCallArgumentsDoneEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x11\n\targuments\x18\x03 \x01(\t\"O\n\x17ReasoningTextDeltaEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\t\"M\n\x16ReasoningTextDoneEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\"@\n\x16ResponseCompletedEvent\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response\"\xab\x01\n\x1bResponseRequiresActionEvent\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response\x12,\n\ntool_calls\x18\x02 \x03(\x0b\x32\x18.antwort.v1.FunctionCall\x12\x36\n\x11\x61pproval_requests\x18\x03 \x03(\x0b\x32\x1b.antwort.v1.ApprovalRequest\"A\n\x17ResponseIncompleteEvent\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response\"=\n\x13ResponseFailedEvent\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response\"@\n\x16ResponseCancelledEvent\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response\"d\n\x1cToolExecutionInProgressEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\"e\n\x1aToolExecutionProgressEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"U\n\x1bToolExecutionCompletedEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\"a\n\x18ToolExecutionFailedEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"/\n\x10TurnStartedEvent\x12\x0c\n\x04turn\x18\x01 \x01(\x05\x12\r\n\x05round\x18\x02 \x01(\x05\"`\n\x10TurnDecidedEvent\x12\x0c\n\x04turn\x18\x01 \x01(\x05\x12*\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0e\x32\x18.antwort.v1.TurnDecision\x12\x12\n\ntool_calls\x18\x03 \x01(\x05\"G\n\x16\x41pprovalRequestedEvent\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.antwort.v1.ApprovalRequest\"\x1d\n\x0bPausedEvent\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x0e\n\x0cResumedEvent\"w\n\x12InputInjectedEvent\x12#\n\x04kind\x18\x01 \x01(\x0e\x32\x15.antwort.v1.InputKind\x12\x1f\n\x05items\x18\x02 \x03(\x0b\x32\x10.antwort.v1.Item\x12\x1b\n\x13superseded_call_ids\x18\x03 \x03(\t\"O\n\x12TurnCompletedEvent\x12\x0c\n\x04turn\x18\x01 \x01(\x05\x12+\n\x08\x64uration\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration*\x85\x01\n\x0cTurnDecision\x12\x1d\n\x19TURN_DECISION_UNSPECIFIED\x10\x00\x12\x19\n\x15TURN_DECISION_RESPOND\x10\x01\x12\x1c\n\x18TURN_DECISION_CALL_TOOLS\x10\x02\x12\x1d\n\x19TURN_DECISION_INTERRUPTED\x10\x03*W\n\tInputKind\x12\x1a\n\x16INPUT_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10INPUT_KIND_STEER\x10\x01\x12\x18\n\x14INPUT_KIND_FOLLOW_UP\x10\x02\x42\x66\n\x14io.github.antwort.v1B\nEventProtoP\x01Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61ntwort/v1/event.proto\x12\nantwort.v1\x1a\x15\x61ntwort/v1/hook.proto\x1a\x15\x61ntwort/v1/item.proto\x1a\x19\x61ntwort/v1/response.proto\x1a\x1egoogle/protobuf/duration.proto\"\xb9\x0f\n\x0bStreamEvent\x12\x17\n\x0fsequence_number\x18\x01 \x01(\x05\x12\x33\n\x07\x63reated\x18\x02 \x01(\x0b\x32 .antwort.v1.ResponseCreatedEventH\x00\x12:\n\x0bin_progress\x18\x03 \x01(\x0b\x32#.antwort.v1.ResponseInProgressEventH\x00\x12=\n\x11output_item_added\x18\x04 \x01(\x0b\x32 .antwort.v1.OutputItemAddedEventH\x00\x12;\n\x10output_item_done\x18\x05 \x01(\x0b\x32\x1f.antwort.v1.OutputItemDoneEventH\x00\x12?\n\x12\x63ontent_part_added\x18\x06 \x01(\x0b\x32!.antwort.v1.ContentPartAddedEventH\x00\x12=\n\x11\x63ontent_part_done\x18\x07 \x01(\x0b\x32 .antwort.v1.ContentPartDoneEventH\x00\x12=\n\x11output_text_delta\x18\x08 \x01(\x0b\x32 .antwort.v1.OutputTextDeltaEventH\x00\x12;\n\x10output_text_done\x18\t \x01(\x0b\x32\x1f.antwort.v1.OutputTextDoneEventH\x00\x12T\n\x1d\x66unction_call_arguments_delta\x18\n \x01(\x0b\x32+.antwort.v1.FunctionCallArgumentsDeltaEventH\x00\x12R\n\x1c\x66unction_call_arguments_done\x18\x0b \x01(\x0b\x32*.antwort.v1.FunctionCallArgumentsDoneEventH\x00\x12\x43\n\x14reasoning_text_delta\x18\x0c \x01(\x0b\x32#.antwort.v1.ReasoningTextDeltaEventH\x00\x12\x41\n\x13reasoning_text_done\x18\r \x01(\x0b\x32\".antwort.v1.ReasoningTextDoneEventH\x00\x12\x37\n\tcompleted\x18\x0e \x01(\x0b\x32\".antwort.v1.ResponseCompletedEventH\x00\x12\x42\n\x0frequires_action\x18\x0f \x01(\x0b\x32\'.antwort.v1.ResponseRequiresActionEventH\x00\x12\x39\n\nincomplete\x18\x10 \x01(\x0b\x32#.antwort.v1.ResponseIncompleteEventH\x00\x12\x31\n\x06\x66\x61iled\x18\x11 \x01(\x0b\x32\x1f.antwort.v1.ResponseFailedEventH\x00\x12\x37\n\tcancelled\x18\x12 \x01(\x0b\x32\".antwort.v1.ResponseCancelledEventH\x00\x12N\n\x1atool_execution_in_progress\x18\x13 \x01(\x0b\x32(.antwort.v1.ToolExecutionInProgressEventH\x00\x12I\n\x17tool_execution_progress\x18\x14 \x01(\x0b\x32&.antwort.v1.ToolExecutionProgressEventH\x00\x12K\n\x18tool_execution_completed\x18\x15 \x01(\x0b\x32\'.antwort.v1.ToolExecutionCompletedEventH\x00\x12\x45\n\x15tool_execution_failed\x18\x16 \x01(\x0b\x32$.antwort.v1.ToolExecutionFailedEventH\x00\x12\x36\n\rrefusal_delta\x18\x17 \x01(\x0b\x32\x1d.antwort.v1.RefusalDeltaEventH\x00\x12\x34\n\x0crefusal_done\x18\x18 \x01(\x0b\x32\x1c.antwort.v1.RefusalDoneEventH\x00\x12\x34\n\x0cturn_started\x18\x19 \x01(\x0b\x32\x1c.antwort.v1.TurnStartedEventH\x00\x12\x34\n\x0cturn_decided\x18\x1a \x01(\x0b\x32\x1c.antwort.v1.TurnDecidedEventH\x00\x12@\n\x12\x61pproval_requested\x18\x1b \x01(\x0b\x32\".antwort.v1.ApprovalRequestedEventH\x00\x12)\n\x06paused\x18\x1c \x01(\x0b\x32\x17.antwort.v1.PausedEventH\x00\x12+\n\x07resumed\x18\x1d \x01(\x0b\x32\x18.antwort.v1.ResumedEventH\x00\x12\x38\n\x0einput_injected\x18\x1e \x01(\x0b\x32\x1e.antwort.v1.InputInjectedEventH\x00\x12\x38\n\x0eturn_completed\x18\x1f \x01(\x0b\x32\x1e.antwort.v1.TurnCompletedEventH\x00\x12\x32\n\x0bhook_failed\x18( \x01(\x0b\x32\x1b.antwort.v1.HookFailedEventH\x00\x42\x07\n\x05\x65vent\">\n\x14ResponseCreatedEvent\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response\"A\n\x17ResponseInProgressEvent\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response\"L\n\x14OutputItemAddedEvent\x12\x14\n\x0coutput_index\x18\x01 \x01(\x05\x12\x1e\n\x04item\x18\x02 \x01(\x0b\x32\x10.antwort.v1.Item\"K\n\x13OutputItemDoneEvent\x12\x14\n\x0coutput_index\x18\x01 \x01(\x05\x12\x1e\n\x04item\x18\x02 \x01(\x0b\x32\x10.antwort.v1.Item\"|\n\x15\x43ontentPartAddedEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x15\n\rcontent_index\x18\x03 \x01(\x05\x12%\n\x04part\x18\x04 \x01(\x0b\x32\x17.antwort.v1.ContentPart\"{\n\x14\x43ontentPartDoneEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x15\n\rcontent_index\x18\x03 \x01(\x05\x12%\n\x04part\x18\x04 \x01(\x0b\x32\x17.antwort.v1.ContentPart\"c\n\x14OutputTextDeltaEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x15\n\rcontent_index\x18\x03 \x01(\x05\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\t\"a\n\x13OutputTextDoneEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x15\n\rcontent_index\x18\x03 \x01(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\"`\n\x11RefusalDeltaEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x15\n\rcontent_index\x18\x03 \x01(\x05\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\t\"a\n\x10RefusalDoneEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x15\n\rcontent_index\x18\x03 \x01(\x05\x12\x0f\n\x07refusal\x18\x04 \x01(\t\"W\n\x1f\x46unctionCallArgumentsDeltaEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\t\"Z\n\x1e\x46unctionCallArgumentsDoneEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x11\n\targuments\x18\x03 \x01(\t\"O\n\x17ReasoningTextDeltaEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\t\"M\n\x16ReasoningTextDoneEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\"@\n\x16ResponseCompletedEvent\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response\"\xab\x01\n\x1bResponseRequiresActionEvent\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response\x12,\n\ntool_calls\x18\x02 \x03(\x0b\x32\x18.antwort.v1.FunctionCall\x12\x36\n\x11\x61pproval_requests\x18\x03 \x03(\x0b\x32\x1b.antwort.v1.ApprovalRequest\"A\n\x17ResponseIncompleteEvent\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response\"=\n\x13ResponseFailedEvent\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response\"@\n\x16ResponseCancelledEvent\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response\"d\n\x1cToolExecutionInProgressEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\"e\n\x1aToolExecutionProgressEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"U\n\x1bToolExecutionCompletedEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\"t\n\x18ToolExecutionFailedEvent\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x14\n\x0coutput_index\x18\x02 \x01(\x05\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x11\n\ttimed_out\x18\x05 \x01(\x08\"e\n\x0fHookFailedEvent\x12\x0c\n\x04hook\x18\x01 \x01(\t\x12$\n\x05point\x18\x02 \x01(\x0e\x32\x15.antwort.v1.HookPoint\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\t\"/\n\x10TurnStartedEvent\x12\x0c\n\x04turn\x18\x01 \x01(\x05\x12\r\n\x05round\x18\x02 \x01(\x05\"`\n\x10TurnDecidedEvent\x12\x0c\n\x04turn\x18\x01 \x01(\x05\x12*\n\x08\x64\x65\x63ision\x18\x02 \x01(\x0e\x32\x18.antwort.v1.TurnDecision\x12\x12\n\ntool_calls\x18\x03 \x01(\x05\"G\n\x16\x41pprovalRequestedEvent\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.antwort.v1.ApprovalRequest\"\x1d\n\x0bPausedEvent\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x0e\n\x0cResumedEvent\"w\n\x12InputInjectedEvent\x12#\n\x04kind\x18\x01 \x01(\x0e\x32\x15.antwort.v1.InputKind\x12\x1f\n\x05items\x18\x02 \x03(\x0b\x32\x10.antwort.v1.Item\x12\x1b\n\x13superseded_call_ids\x18\x03 \x03(\t\"O\n\x12TurnCompletedEvent\x12\x0c\n\x04turn\x18\x01 \x01(\x05\x12+\n\x08\x64uration\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration*\x85\x01\n\x0cTurnDecision\x12\x1d\n\x19TURN_DECISION_UNSPECIFIED\x10\x00\x12\x19\n\x15TURN_DECISION_RESPOND\x10\x01\x12\x1c\n\x18TURN_DECISION_CALL_TOOLS\x10\x02\x12\x1d\n\x19TURN_DECISION_INTERRUPTED\x10\x03*W\n\tInputKind\x12\x1a\n\x16INPUT_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10INPUT_KIND_STEER\x10\x01\x12\x18\n\x14INPUT_KIND_FOLLOW_UP\x10\x02\x42\x66\n\x14io.github.antwort.v1B\nEventProtoP\x01Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,70 +37,72 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'antwort.v1.event_pb2', _glo
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\024io.github.antwort.v1B\nEventProtoP\001Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1'
-  _globals['_TURNDECISION']._serialized_start=4620
-  _globals['_TURNDECISION']._serialized_end=4753
-  _globals['_INPUTKIND']._serialized_start=4755
-  _globals['_INPUTKIND']._serialized_end=4842
-  _globals['_STREAMEVENT']._serialized_start=121
-  _globals['_STREAMEVENT']._serialized_end=2046
-  _globals['_RESPONSECREATEDEVENT']._serialized_start=2048
-  _globals['_RESPONSECREATEDEVENT']._serialized_end=2110
-  _globals['_RESPONSEINPROGRESSEVENT']._serialized_start=2112
-  _globals['_RESPONSEINPROGRESSEVENT']._serialized_end=2177
-  _globals['_OUTPUTITEMADDEDEVENT']._serialized_start=2179
-  _globals['_OUTPUTITEMADDEDEVENT']._serialized_end=2255
-  _globals['_OUTPUTITEMDONEEVENT']._serialized_start=2257
-  _globals['_OUTPUTITEMDONEEVENT']._serialized_end=2332
-  _globals['_CONTENTPARTADDEDEVENT']._serialized_start=2334
-  _globals['_CONTENTPARTADDEDEVENT']._serialized_end=2458
-  _globals['_CONTENTPARTDONEEVENT']._serialized_start=2460
-  _globals['_CONTENTPARTDONEEVENT']._serialized_end=2583
-  _globals['_OUTPUTTEXTDELTAEVENT']._serialized_start=2585
-  _globals['_OUTPUTTEXTDELTAEVENT']._serialized_end=2684
-  _globals['_OUTPUTTEXTDONEEVENT']._serialized_start=2686
-  _globals['_OUTPUTTEXTDONEEVENT']._serialized_end=2783
-  _globals['_REFUSALDELTAEVENT']._serialized_start=2785
-  _globals['_REFUSALDELTAEVENT']._serialized_end=2881
-  _globals['_REFUSALDONEEVENT']._serialized_start=2883
-  _globals['_REFUSALDONEEVENT']._serialized_end=2980
-  _globals['_FUNCTIONCALLARGUMENTSDELTAEVENT']._serialized_start=2982
-  _globals['_FUNCTIONCALLARGUMENTSDELTAEVENT']._serialized_end=3069
-  _globals['_FUNCTIONCALLARGUMENTSDONEEVENT']._serialized_start=3071
-  _globals['_FUNCTIONCALLARGUMENTSDONEEVENT']._serialized_end=3161
-  _globals['_REASONINGTEXTDELTAEVENT']._serialized_start=3163
-  _globals['_REASONINGTEXTDELTAEVENT']._serialized_end=3242
-  _globals['_REASONINGTEXTDONEEVENT']._serialized_start=3244
-  _globals['_REASONINGTEXTDONEEVENT']._serialized_end=3321
-  _globals['_RESPONSECOMPLETEDEVENT']._serialized_start=3323
-  _globals['_RESPONSECOMPLETEDEVENT']._serialized_end=3387
-  _globals['_RESPONSEREQUIRESACTIONEVENT']._serialized_start=3390
-  _globals['_RESPONSEREQUIRESACTIONEVENT']._serialized_end=3561
-  _globals['_RESPONSEINCOMPLETEEVENT']._serialized_start=3563
-  _globals['_RESPONSEINCOMPLETEEVENT']._serialized_end=3628
-  _globals['_RESPONSEFAILEDEVENT']._serialized_start=3630
-  _globals['_RESPONSEFAILEDEVENT']._serialized_end=3691
-  _globals['_RESPONSECANCELLEDEVENT']._serialized_start=3693
-  _globals['_RESPONSECANCELLEDEVENT']._serialized_end=3757
-  _globals['_TOOLEXECUTIONINPROGRESSEVENT']._serialized_start=3759
-  _globals['_TOOLEXECUTIONINPROGRESSEVENT']._serialized_end=3859
-  _globals['_TOOLEXECUTIONPROGRESSEVENT']._serialized_start=3861
-  _globals['_TOOLEXECUTIONPROGRESSEVENT']._serialized_end=3962
-  _globals['_TOOLEXECUTIONCOMPLETEDEVENT']._serialized_start=3964
-  _globals['_TOOLEXECUTIONCOMPLETEDEVENT']._serialized_end=4049
-  _globals['_TOOLEXECUTIONFAILEDEVENT']._serialized_start=4051
-  _globals['_TOOLEXECUTIONFAILEDEVENT']._serialized_end=4148
-  _globals['_TURNSTARTEDEVENT']._serialized_start=4150
-  _globals['_TURNSTARTEDEVENT']._serialized_end=4197
-  _globals['_TURNDECIDEDEVENT']._serialized_start=4199
-  _globals['_TURNDECIDEDEVENT']._serialized_end=4295
-  _globals['_APPROVALREQUESTEDEVENT']._serialized_start=4297
-  _globals['_APPROVALREQUESTEDEVENT']._serialized_end=4368
-  _globals['_PAUSEDEVENT']._serialized_start=4370
-  _globals['_PAUSEDEVENT']._serialized_end=4399
-  _globals['_RESUMEDEVENT']._serialized_start=4401
-  _globals['_RESUMEDEVENT']._serialized_end=4415
-  _globals['_INPUTINJECTEDEVENT']._serialized_start=4417
-  _globals['_INPUTINJECTEDEVENT']._serialized_end=4536
-  _globals['_TURNCOMPLETEDEVENT']._serialized_start=4538
-  _globals['_TURNCOMPLETEDEVENT']._serialized_end=4617
+  _globals['_TURNDECISION']._serialized_start=4817
+  _globals['_TURNDECISION']._serialized_end=4950
+  _globals['_INPUTKIND']._serialized_start=4952
+  _globals['_INPUTKIND']._serialized_end=5039
+  _globals['_STREAMEVENT']._serialized_start=144
+  _globals['_STREAMEVENT']._serialized_end=2121
+  _globals['_RESPONSECREATEDEVENT']._serialized_start=2123
+  _globals['_RESPONSECREATEDEVENT']._serialized_end=2185
+  _globals['_RESPONSEINPROGRESSEVENT']._serialized_start=2187
+  _globals['_RESPONSEINPROGRESSEVENT']._serialized_end=2252
+  _globals['_OUTPUTITEMADDEDEVENT']._serialized_start=2254
+  _globals['_OUTPUTITEMADDEDEVENT']._serialized_end=2330
+  _globals['_OUTPUTITEMDONEEVENT']._serialized_start=2332
+  _globals['_OUTPUTITEMDONEEVENT']._serialized_end=2407
+  _globals['_CONTENTPARTADDEDEVENT']._serialized_start=2409
+  _globals['_CONTENTPARTADDEDEVENT']._serialized_end=2533
+  _globals['_CONTENTPARTDONEEVENT']._serialized_start=2535
+  _globals['_CONTENTPARTDONEEVENT']._serialized_end=2658
+  _globals['_OUTPUTTEXTDELTAEVENT']._serialized_start=2660
+  _globals['_OUTPUTTEXTDELTAEVENT']._serialized_end=2759
+  _globals['_OUTPUTTEXTDONEEVENT']._serialized_start=2761
+  _globals['_OUTPUTTEXTDONEEVENT']._serialized_end=2858
+  _globals['_REFUSALDELTAEVENT']._serialized_start=2860
+  _globals['_REFUSALDELTAEVENT']._serialized_end=2956
+  _globals['_REFUSALDONEEVENT']._serialized_start=2958
+  _globals['_REFUSALDONEEVENT']._serialized_end=3055
+  _globals['_FUNCTIONCALLARGUMENTSDELTAEVENT']._serialized_start=3057
+  _globals['_FUNCTIONCALLARGUMENTSDELTAEVENT']._serialized_end=3144
+  _globals['_FUNCTIONCALLARGUMENTSDONEEVENT']._serialized_start=3146
+  _globals['_FUNCTIONCALLARGUMENTSDONEEVENT']._serialized_end=3236
+  _globals['_REASONINGTEXTDELTAEVENT']._serialized_start=3238
+  _globals['_REASONINGTEXTDELTAEVENT']._serialized_end=3317
+  _globals['_REASONINGTEXTDONEEVENT']._serialized_start=3319
+  _globals['_REASONINGTEXTDONEEVENT']._serialized_end=3396
+  _globals['_RESPONSECOMPLETEDEVENT']._serialized_start=3398
+  _globals['_RESPONSECOMPLETEDEVENT']._serialized_end=3462
+  _globals['_RESPONSEREQUIRESACTIONEVENT']._serialized_start=3465
+  _globals['_RESPONSEREQUIRESACTIONEVENT']._serialized_end=3636
+  _globals['_RESPONSEINCOMPLETEEVENT']._serialized_start=3638
+  _globals['_RESPONSEINCOMPLETEEVENT']._serialized_end=3703
+  _globals['_RESPONSEFAILEDEVENT']._serialized_start=3705
+  _globals['_RESPONSEFAILEDEVENT']._serialized_end=3766
+  _globals['_RESPONSECANCELLEDEVENT']._serialized_start=3768
+  _globals['_RESPONSECANCELLEDEVENT']._serialized_end=3832
+  _globals['_TOOLEXECUTIONINPROGRESSEVENT']._serialized_start=3834
+  _globals['_TOOLEXECUTIONINPROGRESSEVENT']._serialized_end=3934
+  _globals['_TOOLEXECUTIONPROGRESSEVENT']._serialized_start=3936
+  _globals['_TOOLEXECUTIONPROGRESSEVENT']._serialized_end=4037
+  _globals['_TOOLEXECUTIONCOMPLETEDEVENT']._serialized_start=4039
+  _globals['_TOOLEXECUTIONCOMPLETEDEVENT']._serialized_end=4124
+  _globals['_TOOLEXECUTIONFAILEDEVENT']._serialized_start=4126
+  _globals['_TOOLEXECUTIONFAILEDEVENT']._serialized_end=4242
+  _globals['_HOOKFAILEDEVENT']._serialized_start=4244
+  _globals['_HOOKFAILEDEVENT']._serialized_end=4345
+  _globals['_TURNSTARTEDEVENT']._serialized_start=4347
+  _globals['_TURNSTARTEDEVENT']._serialized_end=4394
+  _globals['_TURNDECIDEDEVENT']._serialized_start=4396
+  _globals['_TURNDECIDEDEVENT']._serialized_end=4492
+  _globals['_APPROVALREQUESTEDEVENT']._serialized_start=4494
+  _globals['_APPROVALREQUESTEDEVENT']._serialized_end=4565
+  _globals['_PAUSEDEVENT']._serialized_start=4567
+  _globals['_PAUSEDEVENT']._serialized_end=4596
+  _globals['_RESUMEDEVENT']._serialized_start=4598
+  _globals['_RESUMEDEVENT']._serialized_end=4612
+  _globals['_INPUTINJECTEDEVENT']._serialized_start=4614
+  _globals['_INPUTINJECTEDEVENT']._serialized_end=4733
+  _globals['_TURNCOMPLETEDEVENT']._serialized_start=4735
+  _globals['_TURNCOMPLETEDEVENT']._serialized_end=4814
 # @@protoc_insertion_point(module_scope)

@@ -3,6 +3,7 @@ import datetime
 
 from antwort_grpc.pb import item_pb2 as _item_pb2
 from antwort_grpc.pb import tool_pb2 as _tool_pb2
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -23,6 +24,12 @@ class ResponseStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESPONSE_STATUS_FAILED: _ClassVar[ResponseStatus]
     RESPONSE_STATUS_CANCELLED: _ClassVar[ResponseStatus]
     RESPONSE_STATUS_REQUIRES_ACTION: _ClassVar[ResponseStatus]
+
+class Truncation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRUNCATION_UNSPECIFIED: _ClassVar[Truncation]
+    TRUNCATION_AUTO: _ClassVar[Truncation]
+    TRUNCATION_DISABLED: _ClassVar[Truncation]
 RESPONSE_STATUS_UNSPECIFIED: ResponseStatus
 RESPONSE_STATUS_QUEUED: ResponseStatus
 RESPONSE_STATUS_IN_PROGRESS: ResponseStatus
@@ -31,6 +38,9 @@ RESPONSE_STATUS_INCOMPLETE: ResponseStatus
 RESPONSE_STATUS_FAILED: ResponseStatus
 RESPONSE_STATUS_CANCELLED: ResponseStatus
 RESPONSE_STATUS_REQUIRES_ACTION: ResponseStatus
+TRUNCATION_UNSPECIFIED: Truncation
+TRUNCATION_AUTO: Truncation
+TRUNCATION_DISABLED: Truncation
 
 class Usage(_message.Message):
     __slots__ = ("input_tokens", "output_tokens", "total_tokens")
@@ -57,7 +67,7 @@ class IncompleteDetails(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Response(_message.Message):
-    __slots__ = ("id", "model", "status", "created_at", "completed_at", "output", "usage", "error", "incomplete_details", "previous_response_id", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "store", "metadata")
+    __slots__ = ("id", "model", "status", "created_at", "completed_at", "output", "usage", "error", "incomplete_details", "previous_response_id", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "store", "metadata", "truncation", "omitted_items", "metrics")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +94,9 @@ class Response(_message.Message):
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATION_FIELD_NUMBER: _ClassVar[int]
+    OMITTED_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: str
     status: ResponseStatus
@@ -103,4 +116,65 @@ class Response(_message.Message):
     top_p: float
     store: bool
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., status: _Optional[_Union[ResponseStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., output: _Optional[_Iterable[_Union[_item_pb2.Item, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., error: _Optional[_Union[ResponseError, _Mapping]] = ..., incomplete_details: _Optional[_Union[IncompleteDetails, _Mapping]] = ..., previous_response_id: _Optional[str] = ..., instructions: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_tool_pb2.Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_tool_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., max_output_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., store: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    truncation: Truncation
+    omitted_items: int
+    metrics: RunMetrics
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., status: _Optional[_Union[ResponseStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., output: _Optional[_Iterable[_Union[_item_pb2.Item, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., error: _Optional[_Union[ResponseError, _Mapping]] = ..., incomplete_details: _Optional[_Union[IncompleteDetails, _Mapping]] = ..., previous_response_id: _Optional[str] = ..., instructions: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_tool_pb2.Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_tool_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., max_output_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., store: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., omitted_items: _Optional[int] = ..., metrics: _Optional[_Union[RunMetrics, _Mapping]] = ...) -> None: ...
+
+class RunMetrics(_message.Message):
+    __slots__ = ("turns", "model_calls", "tool_calls", "tool_errors", "tool_timeouts", "model_time", "tool_time", "hook_time", "tools", "turn_metrics", "hook_calls", "hook_failures", "duration")
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_TIMEOUTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_TIME_FIELD_NUMBER: _ClassVar[int]
+    TOOL_TIME_FIELD_NUMBER: _ClassVar[int]
+    HOOK_TIME_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TURN_METRICS_FIELD_NUMBER: _ClassVar[int]
+    HOOK_CALLS_FIELD_NUMBER: _ClassVar[int]
+    HOOK_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    DURATION_FIELD_NUMBER: _ClassVar[int]
+    turns: int
+    model_calls: int
+    tool_calls: int
+    tool_errors: int
+    tool_timeouts: int
+    model_time: _duration_pb2.Duration
+    tool_time: _duration_pb2.Duration
+    hook_time: _duration_pb2.Duration
+    tools: _containers.RepeatedCompositeFieldContainer[ToolMetrics]
+    turn_metrics: _containers.RepeatedCompositeFieldContainer[TurnMetrics]
+    hook_calls: int
+    hook_failures: int
+    duration: _duration_pb2.Duration
+    def __init__(self, turns: _Optional[int] = ..., model_calls: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., tool_timeouts: _Optional[int] = ..., model_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tool_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., hook_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[ToolMetrics, _Mapping]]] = ..., turn_metrics: _Optional[_Iterable[_Union[TurnMetrics, _Mapping]]] = ..., hook_calls: _Optional[int] = ..., hook_failures: _Optional[int] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class ToolMetrics(_message.Message):
+    __slots__ = ("name", "calls", "errors", "timeouts", "time", "max_time")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUTS_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    MAX_TIME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    calls: int
+    errors: int
+    timeouts: int
+    time: _duration_pb2.Duration
+    max_time: _duration_pb2.Duration
+    def __init__(self, name: _Optional[str] = ..., calls: _Optional[int] = ..., errors: _Optional[int] = ..., timeouts: _Optional[int] = ..., time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class TurnMetrics(_message.Message):
+    __slots__ = ("turn", "usage", "model_time", "answered_by_hook")
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_TIME_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_BY_HOOK_FIELD_NUMBER: _ClassVar[int]
+    turn: int
+    usage: Usage
+    model_time: _duration_pb2.Duration
+    answered_by_hook: bool
+    def __init__(self, turn: _Optional[int] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., model_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., answered_by_hook: _Optional[bool] = ...) -> None: ...
