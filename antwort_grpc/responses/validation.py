@@ -9,11 +9,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.json_format import MessageToDict
 from jsonschema import exceptions as schema_errors
 from jsonschema.validators import validator_for
 
 from antwort_grpc import pb
+from antwort_grpc.engine.limits import ServerLimits
 from antwort_grpc.errors import FieldViolation
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -153,3 +155,59 @@ def _check_choice(
 def check_item(item: pb.Item, at: str, v: list[FieldViolation]) -> None:
     """The checks of one input item, for other inputs that carry items (controls)."""
     _check_item(item, at, v)
+
+
+# -- policy fields: execution limits, tool timeouts, failure mode, truncation ----------------------
+
+# Without a server maximum, a longer limit than this is a mistake, not a wish.
+LONGEST_DURATION = 24 * 3600.0
+
+
+def validate_policy(request: pb.CreateResponseRequest, server: ServerLimits) -> list[FieldViolation]:
+    """The policy fields of a request against the server's maximums."""
+    v: list[FieldViolation] = []
+    if request.HasField("limits"):
+        _check_limits(request.limits, server, v)
+    if request.HasField("tool_timeout"):
+        _check_duration(request.tool_timeout, "tool_timeout", server.max_tool_timeout, v)
+    for name, timeout in request.tool_timeouts.items():
+        at = f"tool_timeouts[{name}]"
+        if not _NAME.match(name):
+            v.append(FieldViolation(at, "keys are tool names: 1-64 characters of a-z, A-Z, 0-9, _ and -"))
+        _check_duration(timeout, at, server.max_tool_timeout, v)
+    if request.tool_failure_mode not in pb.ToolFailureMode.values():
+        v.append(FieldViolation("tool_failure_mode", f"unknown value {request.tool_failure_mode}"))
+    if request.truncation not in pb.Truncation.values():
+        v.append(FieldViolation("truncation", f"unknown value {request.truncation}"))
+    return v
+
+
+def _check_limits(limits: pb.ExecutionLimits, server: ServerLimits, v: list[FieldViolation]) -> None:
+    counts = [
+        ("max_turns", 1, server.max_turns),
+        ("max_tool_calls", 0, server.max_tool_calls),
+        ("max_output_tokens", 1, server.max_output_tokens),
+    ]
+    for name, least, most in counts:
+        if not limits.HasField(name):
+            continue
+        value = getattr(limits, name)
+        if value < least:
+            v.append(FieldViolation(f"limits.{name}", f"must be at least {least}"))
+        elif most is not None and value > most:
+            v.append(FieldViolation(f"limits.{name}", f"at most {most} (the server's maximum)"))
+    if limits.HasField("max_duration"):
+        _check_duration(limits.max_duration, "limits.max_duration", server.max_duration, v)
+
+
+def _check_duration(duration: Duration, at: str, most: float | None, v: list[FieldViolation]) -> None:
+    if not -999_999_999 <= duration.nanos <= 999_999_999 or (duration.seconds * duration.nanos < 0):
+        v.append(FieldViolation(at, "not a valid duration (seconds and nanos disagree)"))
+        return
+    value = duration.seconds + duration.nanos / 1e9
+    if value <= 0:
+        v.append(FieldViolation(at, "must be positive"))
+    elif most is not None and value > most:
+        v.append(FieldViolation(at, f"at most {most:g} s (the server's maximum)"))
+    elif value > LONGEST_DURATION:
+        v.append(FieldViolation(at, f"at most {LONGEST_DURATION:g} s"))

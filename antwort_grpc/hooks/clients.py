@@ -1,0 +1,215 @@
+"""The gateway's side of hooks: one client per configured hook, in-process or remote.
+
+`--hook` / `ANTWORT_HOOKS` entries are `SPEC[;timeout=SECONDS][;failure=open|closed]`, where SPEC
+is a gRPC target of a HookService (`127.0.0.1:50070`, `dns:///hooks:50070`) or the import path of
+a PolicyHook class to run in-process (`examples.redact_hook:DenyAndRedact`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import grpc
+from google.protobuf.message import Message
+
+from antwort_grpc import pb
+from antwort_grpc.hooks.service import POINTS, PolicyHook
+
+log = logging.getLogger(__name__)
+
+ALL_POINTS: frozenset[int] = frozenset(POINTS)
+# A Python import path `package.module:Class` (a gRPC target ends in a port or names a scheme).
+_CLASS_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_SCHEMES = {"dns", "unix", "unix-abstract", "ipv4", "ipv6", "vsock"}
+_CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.enable_retries", 0),
+    ("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """What travels in the metadata of every remote hook call."""
+
+    owner: str = ""
+    traceparent: str = ""
+    tracestate: str = ""
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        pairs = (("traceparent", self.traceparent), ("tracestate", self.tracestate), ("antwort-owner", self.owner))
+        return tuple((k, v) for k, v in pairs if v)
+
+
+class HookClient(Protocol):
+    """What the dispatcher needs of a hook, wherever it runs."""
+
+    name: str
+    timeout: float
+    fail_open: bool
+
+    def wants(self, point: int) -> bool:
+        """Whether to call it at `point` (a hook whose points are unknown yet wants every point)."""
+        ...
+
+    async def call(self, point: int, request: Message, caller: Caller) -> Message:
+        """One call; raises on failure. The dispatcher bounds it by `timeout`."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class HookSpec:
+    target: str
+    timeout: float
+    fail_open: bool
+
+    @property
+    def in_process(self) -> bool:
+        scheme = self.target.split(":", 1)[0]
+        return bool(_CLASS_PATH.match(self.target)) and scheme not in _SCHEMES
+
+
+def parse_spec(text: str, default_timeout: float, default_fail_open: bool) -> HookSpec:
+    """`SPEC[;timeout=SECONDS][;failure=open|closed]`; ValueError says what is wrong."""
+    target, *options = [part.strip() for part in text.split(";")]
+    if not target:
+        raise ValueError(f"hook {text!r}: no target")
+    timeout, fail_open = default_timeout, default_fail_open
+    for option in options:
+        key, _, value = option.partition("=")
+        if key == "timeout":
+            try:
+                timeout = float(value)
+            except ValueError:
+                raise ValueError(f"hook {text!r}: timeout must be a number of seconds") from None
+            if not 0 < timeout <= 60:
+                raise ValueError(f"hook {text!r}: timeout must be more than 0 and at most 60 seconds")
+        elif key == "failure" and value in ("open", "closed"):
+            fail_open = value == "open"
+        else:
+            raise ValueError(f"hook {text!r}: unknown option {option!r} (timeout=SECONDS, failure=open|closed)")
+    return HookSpec(target, timeout, fail_open)
+
+
+class LocalHook:
+    """A PolicyHook running in the gateway's process."""
+
+    def __init__(self, hook: PolicyHook, timeout: float, fail_open: bool) -> None:
+        self.hook = hook
+        self.name = hook.name
+        self.timeout = timeout
+        self.fail_open = fail_open
+        self._points = hook.points()
+
+    def wants(self, point: int) -> bool:
+        return point in self._points
+
+    async def call(self, point: int, request: Message, caller: Caller) -> Message:
+        return await self.hook.call(point, request)
+
+    async def start(self) -> None:
+        await self.hook.start()
+
+    async def close(self) -> None:
+        await self.hook.close()
+
+
+class RemoteHook:
+    """A gRPC client of one HookService. Its points come from GetHookInfo at start; a service that
+    does not answer then is asked again (at most every `retry_interval` seconds) and meanwhile
+    counts as wanting every point, so its failure policy applies instead of it being skipped."""
+
+    def __init__(self, target: str, timeout: float, fail_open: bool, retry_interval: float = 1.0) -> None:
+        self.target = target
+        self.name = target
+        self.timeout = timeout
+        self.fail_open = fail_open
+        self.retry_interval = retry_interval
+        self._points: frozenset[int] | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: Any = None
+        self._next_try = 0.0
+        self._info_lock = asyncio.Lock()
+
+    def wants(self, point: int) -> bool:
+        return self._points is None or point in self._points
+
+    async def start(self) -> None:
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
+            self._stub = pb.HookServiceStub(self._channel)
+        await self._fetch_info()
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    async def _fetch_info(self) -> bool:
+        try:
+            info = await self._stub.GetHookInfo(pb.GetHookInfoRequest(), timeout=self.timeout, wait_for_ready=False)
+        except grpc.aio.AioRpcError as err:
+            log.warning("hook service %s is unavailable: %s: %s", self.target, err.code().name, err.details())
+            self._next_try = asyncio.get_running_loop().time() + self.retry_interval
+            return False
+        self._points = frozenset(p for p in info.points if p in POINTS)
+        if info.name:
+            self.name = f"{info.name} ({self.target})"
+        log.info("hook service %s wants %s", self.name, sorted(POINTS[p].method for p in self._points))
+        return True
+
+    async def call(self, point: int, request: Message, caller: Caller) -> Message:
+        if self._stub is None:
+            raise RuntimeError(f"hook service {self.target} is not started")
+        if self._points is None:
+            async with self._info_lock:
+                if self._points is None and asyncio.get_running_loop().time() >= self._next_try:
+                    await self._fetch_info()
+            if self._points is None:
+                raise RuntimeError(f"hook service {self.target} is unavailable")
+            if point not in self._points:
+                # It answered at last and does not want this point: no objection.
+                return POINTS[point].reply()
+        rpc = getattr(self._stub, POINTS[point].rpc)
+        try:
+            reply: Message = await rpc(request, timeout=self.timeout, metadata=caller.metadata(), wait_for_ready=False)
+        except grpc.aio.AioRpcError as err:
+            raise RuntimeError(f"{err.code().name}: {err.details()}") from None
+        return reply
+
+
+def load_hook_class(path: str) -> PolicyHook:
+    module_name, _, class_name = path.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name, None)
+    if cls is None:
+        raise ValueError(f"hook {path!r}: {module_name} has no {class_name}")
+    hook = cls()
+    if not isinstance(hook, PolicyHook):
+        raise ValueError(f"hook {path!r} is not a PolicyHook subclass")
+    return hook
+
+
+def build_hooks(entries: Iterable[str], default_timeout: float, default_fail_open: bool) -> list[HookClient]:
+    """One client per entry, in order (hooks are called in this order)."""
+    hooks: list[HookClient] = []
+    for entry in entries:
+        if not entry.strip():
+            continue
+        spec = parse_spec(entry, default_timeout, default_fail_open)
+        if spec.in_process:
+            hooks.append(LocalHook(load_hook_class(spec.target), spec.timeout, spec.fail_open))
+        else:
+            hooks.append(RemoteHook(spec.target, spec.timeout, spec.fail_open))
+    return hooks

@@ -1,0 +1,102 @@
+"""A PolicyHook behind antwort.v1.HookService on a grpc.aio server (health and reflection too):
+`antwort-grpc hook run module:Class --listen host:port`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import grpc
+from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from antwort_grpc import pb
+from antwort_grpc.hooks.service import POINTS, PolicyHook
+
+log = logging.getLogger(__name__)
+
+Context: TypeAlias = Any  # grpc ships no type information for the servicer context
+SERVICE_NAME = "antwort.v1.HookService"
+
+
+class HookServicer(pb.HookServiceServicer):
+    """antwort.v1.HookService over one PolicyHook: each RPC calls the hook's method of that point.
+    A hook that raises fails the RPC with INTERNAL; the gateway applies its failure policy."""
+
+    def __init__(self, hook: PolicyHook) -> None:
+        self.hook = hook
+        for point, spec in POINTS.items():
+            setattr(self, spec.rpc, self._rpc(point))
+
+    async def GetHookInfo(self, request: pb.GetHookInfoRequest, context: Context) -> pb.GetHookInfoResponse:
+        points: list[Any] = sorted(self.hook.points())
+        return pb.GetHookInfoResponse(name=self.hook.name, points=points)
+
+    def _rpc(self, point: int) -> Callable[[Message, Context], Awaitable[Message]]:
+        async def handle(request: Message, context: Context) -> Message:
+            try:
+                return await self.hook.call(point, request)
+            except Exception as err:
+                log.exception("hook %s failed at %s", self.hook.name, POINTS[point].method)
+                await context.abort(grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
+                raise AssertionError("unreachable") from err
+
+        return handle
+
+
+@dataclass
+class HookServer:
+    server: grpc.aio.Server
+    port: int
+    host: str
+    hook: PolicyHook
+    health: HealthServicer
+
+    @property
+    def target(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def stop(self, grace: float | None = 5.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        await self.hook.close()
+
+
+async def serve_hook(hook: PolicyHook, listen: str = "127.0.0.1:0") -> HookServer:
+    """Start a grpc.aio server for the hook; port 0 picks a free one (see `.port`)."""
+    await hook.start()
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    pb.add_HookServiceServicer_to_server(HookServicer(hook), server)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+    )
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        await hook.close()
+        raise OSError(f"cannot listen on {listen}")
+    await server.start()
+    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    host = listen.rsplit(":", 1)[0]
+    host = "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
+    return HookServer(server, port, host, hook, health)
+
+
+async def run_hook(hook: PolicyHook, listen: str, grace: float = 5.0) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+    running = await serve_hook(hook, listen)
+    print(f"antwort-grpc hook {hook.name} serving on {running.target}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await running.stop(grace)

@@ -1,0 +1,101 @@
+"""Write a hook: subclass `PolicyHook` and override the points you want.
+
+The same class runs in the gateway's process (`--hook module:Class`) or as a HookService of its
+own (`antwort-grpc hook run module:Class --listen host:port`, then `--hook host:port`). The
+requests and answers are the antwort.v1.HookService messages; an empty answer means "no objection,
+no change". The points a hook is called at are the methods it overrides.
+
+    class NoShell(PolicyHook):
+        name = "no-shell"
+
+        async def before_tool(self, request: pb.BeforeToolRequest) -> pb.BeforeToolResponse:
+            if request.call.name == "run_shell":
+                return pb.BeforeToolResponse(deny_reason="shell access is not allowed")
+            return pb.BeforeToolResponse()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.message import Message
+
+from antwort_grpc import pb
+
+P = pb.HookPoint
+
+
+@dataclass(frozen=True, slots=True)
+class PointSpec:
+    """How one point is called: the PolicyHook method, the HookService RPC, the answer type."""
+
+    method: str
+    rpc: str
+    reply: type[Message]
+
+
+POINTS: dict[int, PointSpec] = {
+    P.HOOK_POINT_BEFORE_RESPONSE: PointSpec("before_response", "BeforeResponse", pb.BeforeResponseResponse),
+    P.HOOK_POINT_AFTER_RESPONSE: PointSpec("after_response", "AfterResponse", pb.AfterResponseResponse),
+    P.HOOK_POINT_BEFORE_MODEL: PointSpec("before_model", "BeforeModel", pb.BeforeModelResponse),
+    P.HOOK_POINT_AFTER_MODEL: PointSpec("after_model", "AfterModel", pb.AfterModelResponse),
+    P.HOOK_POINT_BEFORE_TOOL: PointSpec("before_tool", "BeforeTool", pb.BeforeToolResponse),
+    P.HOOK_POINT_AFTER_TOOL: PointSpec("after_tool", "AfterTool", pb.AfterToolResponse),
+    P.HOOK_POINT_APPROVE_TOOL: PointSpec("approve_tool", "ApproveTool", pb.ApproveToolResponse),
+    P.HOOK_POINT_PAUSE_CHECK: PointSpec("pause_check", "PauseCheck", pb.PauseCheckResponse),
+}
+
+
+def point_name(point: int) -> str:
+    """ "before_tool" for HOOK_POINT_BEFORE_TOOL."""
+    spec = POINTS.get(point)
+    return spec.method if spec else f"point {point}"
+
+
+class PolicyHook:
+    """One hook. Override the points you want; the rest are never called."""
+
+    name: str = "hook"
+
+    async def before_response(self, request: pb.BeforeResponseRequest) -> pb.BeforeResponseResponse:
+        return pb.BeforeResponseResponse()
+
+    async def after_response(self, request: pb.AfterResponseRequest) -> pb.AfterResponseResponse:
+        return pb.AfterResponseResponse()
+
+    async def before_model(self, request: pb.BeforeModelRequest) -> pb.BeforeModelResponse:
+        return pb.BeforeModelResponse()
+
+    async def after_model(self, request: pb.AfterModelRequest) -> pb.AfterModelResponse:
+        return pb.AfterModelResponse()
+
+    async def before_tool(self, request: pb.BeforeToolRequest) -> pb.BeforeToolResponse:
+        return pb.BeforeToolResponse()
+
+    async def after_tool(self, request: pb.AfterToolRequest) -> pb.AfterToolResponse:
+        return pb.AfterToolResponse()
+
+    async def approve_tool(self, request: pb.ApproveToolRequest) -> pb.ApproveToolResponse:
+        return pb.ApproveToolResponse()
+
+    async def pause_check(self, request: pb.PauseCheckRequest) -> pb.PauseCheckResponse:
+        return pb.PauseCheckResponse()
+
+    def points(self) -> frozenset[int]:
+        """The points whose method this class overrides."""
+        cls = type(self)
+        return frozenset(
+            point for point, spec in POINTS.items() if getattr(cls, spec.method) is not getattr(PolicyHook, spec.method)
+        )
+
+    async def start(self) -> None:
+        """Called once before the first call (connect, load rules)."""
+
+    async def close(self) -> None:
+        """Called once at shutdown."""
+
+    async def call(self, point: int, request: Any) -> Message:
+        """Dispatch one point's request to its method."""
+        reply: Message = await getattr(self, POINTS[point].method)(request)
+        return reply
