@@ -29,6 +29,12 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--store", help="memory | sqlite:///file.db | postgresql://… (ANTWORT_STORE)")
     p.add_argument("--executor", action="append", dest="executors", help="ToolExecutorService target, repeatable")
     p.add_argument("--max-turns", type=int, help="agentic turn limit (ANTWORT_MAX_TURNS, default 10)")
+    p.add_argument(
+        "--hook",
+        action="append",
+        dest="hooks",
+        help="HookService target or module:Class, [;timeout=S][;failure=open|closed], repeatable (ANTWORT_HOOKS)",
+    )
     p.add_argument("--log-level", help="ANTWORT_LOG_LEVEL, default INFO")
     p.add_argument("--script", help="JSON file of scripted model turns instead of a backend (ANTWORT_SCRIPT)")
     p.add_argument("--data-dir", help="directory for the embedded defaults (ANTWORT_DATA_DIR, default var)")
@@ -47,7 +53,18 @@ def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
 
 
 # The settings `serve` has a flag for (the others are environment variables only).
-SERVE_FLAGS = ["listen", "backend_url", "model", "store", "executors", "max_turns", "log_level", "script", "data_dir"]
+SERVE_FLAGS = [
+    "listen",
+    "backend_url",
+    "model",
+    "store",
+    "executors",
+    "hooks",
+    "max_turns",
+    "log_level",
+    "script",
+    "data_dir",
+]
 
 
 def gateway_settings(args: argparse.Namespace) -> GatewaySettings:
@@ -93,6 +110,7 @@ def _logging(level: str) -> None:
 def _wants_traceback(args: argparse.Namespace) -> bool:
     levels = [getattr(args, "log_level", None), os.environ.get("ANTWORT_LOG_LEVEL")]
     levels.append(os.environ.get("ANTWORT_EXECUTOR_LOG_LEVEL"))
+    levels.append(os.environ.get("ANTWORT_HOOK_LOG_LEVEL"))
     return any(isinstance(level, str) and level.upper() == "DEBUG" for level in levels)
 
 
@@ -102,10 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     _serve_parser(sub)
     _migrate_parser(sub)
     from antwort_grpc.client.cli import add_client_parsers
+    from antwort_grpc.hooks.cli import add_hook_parser
     from antwort_grpc.tool_services.cli import add_executor_parser
 
     add_executor_parser(sub)
     add_client_parsers(sub)
+    add_hook_parser(sub)
     args = parser.parse_args(argv)
     try:
         result: int = args.run(args)

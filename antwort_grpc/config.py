@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -51,7 +51,21 @@ class GatewaySettings(BaseSettings):
     # take (the request's deadline shortens it).
     executor_refresh_seconds: float = 10.0
     executor_call_timeout: float = 300.0
+    # The server's maximums of a response's execution limits; a request may ask for less (max_turns
+    # is also the default). Unset: no maximum. Seconds for max_duration.
     max_turns: int = 10
+    max_tool_calls: int | None = None
+    max_duration: float | None = None
+    max_output_tokens: int | None = None
+    # The context a model call is sent with truncation AUTO: items, and estimated tokens.
+    context_max_items: int | None = None
+    context_max_tokens: int | None = None
+    # Hooks, called in this order: gRPC targets of HookService servers, or module:Class of a
+    # PolicyHook to run in-process; each may add `;timeout=SECONDS;failure=open|closed`.
+    hooks: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # The defaults of those options: seconds per hook call, and what a failing hook does.
+    hook_timeout: float = Field(default=1.0, gt=0, le=60)
+    hook_failure: Literal["open", "closed"] = "closed"
     # Seconds a tool call waits for an approve/deny decision before it is denied ("timeout").
     approval_timeout: float = Field(default=300.0, gt=0)
     # Seconds in-flight streams get to finish on SIGTERM.
@@ -59,7 +73,7 @@ class GatewaySettings(BaseSettings):
     # Seconds between health going NOT_SERVING and refusing new calls, for load balancers.
     shutdown_drain: float = 1.0
 
-    _split = field_validator("executors", mode="before")(_split_commas)
+    _split = field_validator("executors", "hooks", mode="before")(_split_commas)
 
 
 class ExecutorSettings(BaseSettings):
@@ -68,4 +82,13 @@ class ExecutorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ANTWORT_EXECUTOR_", extra="ignore")
 
     listen: str = "127.0.0.1:50061"
+    log_level: str = "INFO"
+
+
+class HookSettings(BaseSettings):
+    """`antwort-grpc hook run`."""
+
+    model_config = SettingsConfigDict(env_prefix="ANTWORT_HOOK_", extra="ignore")
+
+    listen: str = "127.0.0.1:50071"
     log_level: str = "INFO"

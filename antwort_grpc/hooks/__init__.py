@@ -1,8 +1,8 @@
 """Policy hooks around the agentic loop: in-process (`PolicyHook`) or remote (antwort.v1.HookService)."""
 
-from antwort_grpc.hooks.clients import Caller, HookClient, LocalHook, RemoteHook, build_hooks
+from antwort_grpc.hooks.clients import HookClient, LocalHook, RemoteHook, build_hooks
 from antwort_grpc.hooks.dispatch import Dispatcher, HookFailed, HookFailure, HookRejected, HookRun
-from antwort_grpc.hooks.service import PolicyHook
+from antwort_grpc.hooks.service import Caller, PolicyHook, current_caller
 
 __all__ = [
     "Caller",
@@ -16,4 +16,5 @@ __all__ = [
     "PolicyHook",
     "RemoteHook",
     "build_hooks",
+    "current_caller",
 ]

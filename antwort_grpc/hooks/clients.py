@@ -8,10 +8,13 @@ a PolicyHook class to run in-process (`examples.redact_hook:DenyAndRedact`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
+import os
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -20,7 +23,7 @@ import grpc
 from google.protobuf.message import Message
 
 from antwort_grpc import pb
-from antwort_grpc.hooks.service import POINTS, PolicyHook
+from antwort_grpc.hooks.service import POINTS, Caller, PolicyHook, current_caller
 
 log = logging.getLogger(__name__)
 
@@ -34,19 +37,6 @@ _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.enable_retries", 0),
     ("grpc.service_config", json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})),
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """What travels in the metadata of every remote hook call."""
-
-    owner: str = ""
-    traceparent: str = ""
-    tracestate: str = ""
-
-    def metadata(self) -> tuple[tuple[str, str], ...]:
-        pairs = (("traceparent", self.traceparent), ("tracestate", self.tracestate), ("antwort-owner", self.owner))
-        return tuple((k, v) for k, v in pairs if v)
 
 
 class HookClient(Protocol):
@@ -117,7 +107,11 @@ class LocalHook:
         return point in self._points
 
     async def call(self, point: int, request: Message, caller: Caller) -> Message:
-        return await self.hook.call(point, request)
+        token = current_caller.set(caller)
+        try:
+            return await self.hook.call(point, request)
+        finally:
+            current_caller.reset(token)
 
     async def start(self) -> None:
         await self.hook.start()
@@ -128,8 +122,8 @@ class LocalHook:
 
 class RemoteHook:
     """A gRPC client of one HookService. Its points come from GetHookInfo at start; a service that
-    does not answer then is asked again (at most every `retry_interval` seconds) and meanwhile
-    counts as wanting every point, so its failure policy applies instead of it being skipped."""
+    does not answer then is asked again in the background until it does, and meanwhile counts as
+    wanting every point, so its failure policy applies instead of it being skipped."""
 
     def __init__(self, target: str, timeout: float, fail_open: bool, retry_interval: float = 1.0) -> None:
         self.target = target
@@ -140,8 +134,8 @@ class RemoteHook:
         self._points: frozenset[int] | None = None
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
-        self._next_try = 0.0
-        self._info_lock = asyncio.Lock()
+        self._watcher: asyncio.Task[None] | None = None
+        self.known = asyncio.Event()
 
     def wants(self, point: int) -> bool:
         return self._points is None or point in self._points
@@ -150,38 +144,47 @@ class RemoteHook:
         if self._channel is None:
             self._channel = grpc.aio.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
             self._stub = pb.HookServiceStub(self._channel)
-        await self._fetch_info()
+        if not await self._fetch_info(wait=False):
+            self._watcher = asyncio.create_task(self._watch(), name=f"hook-watch {self.target}")
 
     async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
 
-    async def _fetch_info(self) -> bool:
+    async def _watch(self) -> None:
+        while True:
+            if await self._fetch_info(wait=True):
+                return
+            # A pause only after an answer that was an error (the wait above covers a service
+            # that is down): UNIMPLEMENTED, say, would otherwise be asked in a tight loop.
+            await asyncio.sleep(self.retry_interval)
+
+    async def _fetch_info(self, *, wait: bool) -> bool:
         try:
-            info = await self._stub.GetHookInfo(pb.GetHookInfoRequest(), timeout=self.timeout, wait_for_ready=False)
+            info = await self._stub.GetHookInfo(
+                pb.GetHookInfoRequest(), timeout=max(self.timeout, self.retry_interval), wait_for_ready=wait
+            )
         except grpc.aio.AioRpcError as err:
-            log.warning("hook service %s is unavailable: %s: %s", self.target, err.code().name, err.details())
-            self._next_try = asyncio.get_running_loop().time() + self.retry_interval
+            if not wait:
+                log.warning("hook service %s is unavailable: %s: %s", self.target, err.code().name, err.details())
             return False
         self._points = frozenset(p for p in info.points if p in POINTS)
         if info.name:
             self.name = f"{info.name} ({self.target})"
         log.info("hook service %s wants %s", self.name, sorted(POINTS[p].method for p in self._points))
+        self.known.set()
         return True
 
     async def call(self, point: int, request: Message, caller: Caller) -> Message:
         if self._stub is None:
             raise RuntimeError(f"hook service {self.target} is not started")
         if self._points is None:
-            async with self._info_lock:
-                if self._points is None and asyncio.get_running_loop().time() >= self._next_try:
-                    await self._fetch_info()
-            if self._points is None:
-                raise RuntimeError(f"hook service {self.target} is unavailable")
-            if point not in self._points:
-                # It answered at last and does not want this point: no objection.
-                return POINTS[point].reply()
+            raise RuntimeError(f"hook service {self.target} is unavailable (it has not answered GetHookInfo yet)")
         rpc = getattr(self._stub, POINTS[point].rpc)
         try:
             reply: Message = await rpc(request, timeout=self.timeout, metadata=caller.metadata(), wait_for_ready=False)
@@ -191,10 +194,15 @@ class RemoteHook:
 
 
 def load_hook_class(path: str) -> PolicyHook:
+    """An instance of the PolicyHook class at `module:Class`; ValueError says what is wrong."""
     module_name, _, class_name = path.partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name, None)
-    if cls is None:
-        raise ValueError(f"hook {path!r}: {module_name} has no {class_name}")
+    # Like `python -m`: a module next to where the command runs (examples/, your project) imports.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"cannot load hook {path}: {error}") from error
     hook = cls()
     if not isinstance(hook, PolicyHook):
         raise ValueError(f"hook {path!r} is not a PolicyHook subclass")

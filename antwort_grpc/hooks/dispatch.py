@@ -26,8 +26,8 @@ from typing import TypeVar
 from google.protobuf.message import Message
 
 from antwort_grpc import pb
-from antwort_grpc.hooks.clients import Caller, HookClient
-from antwort_grpc.hooks.service import point_name
+from antwort_grpc.hooks.clients import HookClient
+from antwort_grpc.hooks.service import Caller, point_name
 
 log = logging.getLogger(__name__)
 

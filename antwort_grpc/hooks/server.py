@@ -17,7 +17,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from antwort_grpc import pb
-from antwort_grpc.hooks.service import POINTS, PolicyHook
+from antwort_grpc.hooks.service import POINTS, Caller, PolicyHook, current_caller
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ class HookServicer(pb.HookServiceServicer):
 
     def _rpc(self, point: int) -> Callable[[Message, Context], Awaitable[Message]]:
         async def handle(request: Message, context: Context) -> Message:
+            current_caller.set(Caller.from_metadata(context.invocation_metadata() or ()))
             try:
                 return await self.hook.call(point, request)
             except Exception as err:

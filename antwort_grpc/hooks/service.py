@@ -16,6 +16,8 @@ no change". The points a hook is called at are the methods it overrides.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +53,29 @@ def point_name(point: int) -> str:
     """ "before_tool" for HOOK_POINT_BEFORE_TOOL."""
     spec = POINTS.get(point)
     return spec.method if spec else f"point {point}"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who a hook call is for: sent as metadata to remote hooks (`traceparent`, `tracestate`,
+    `antwort-owner`); `current_caller.get()` inside a hook method."""
+
+    owner: str = ""
+    traceparent: str = ""
+    tracestate: str = ""
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        pairs = (("traceparent", self.traceparent), ("tracestate", self.tracestate), ("antwort-owner", self.owner))
+        return tuple((k, v) for k, v in pairs if v)
+
+    @classmethod
+    def from_metadata(cls, metadata: Iterable[tuple[str, str | bytes]]) -> Caller:
+        found = {k: v for k, v in metadata if isinstance(v, str)}
+        return cls(found.get("antwort-owner", ""), found.get("traceparent", ""), found.get("tracestate", ""))
+
+
+# Caller is frozen: one shared default is safe.
+current_caller: ContextVar[Caller] = ContextVar("current_caller", default=Caller())  # noqa: B039
 
 
 class PolicyHook:
