@@ -42,6 +42,13 @@ class HostedToolSource(Protocol):
     async def functions_for(self, tool: pb.Tool) -> list[pb.FunctionTool]: ...
 
 
+@runtime_checkable
+class ToolTimeoutSource(Protocol):
+    """An executor that advertises a default timeout per tool (seconds, or None for none)."""
+
+    def tool_timeout(self, name: str) -> float | None: ...
+
+
 class FunctionExecutor:
     """Client-executed function tools: never runs anything, it marks calls for the client.
 

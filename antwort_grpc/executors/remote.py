@@ -80,6 +80,9 @@ class _Catalog:
             if t.server_label:
                 self.by_label.setdefault(t.server_label, []).append(t.function)
         self.labelled = {f.name for functions in self.by_label.values() for f in functions}
+        self.timeouts = {
+            t.function.name: t.timeout.seconds + t.timeout.nanos / 1e9 for t in info.tools if t.HasField("timeout")
+        }
 
 
 class RemoteExecutor:
@@ -163,6 +166,10 @@ class RemoteExecutor:
     @property
     def healthy(self) -> bool:
         return self._state is True
+
+    def tool_timeout(self, name: str) -> float | None:
+        """The default timeout the service advertises for one call of `name`, if any."""
+        return self._catalog.timeouts.get(name) if self._catalog else None
 
     @property
     def tools(self) -> list[pb.ExecutorTool]:

@@ -81,14 +81,24 @@ class ExecutorService:
 
 
 def function_tool(
-    name: str, description: str, parameters: Mapping[str, Any], server_label: str = ""
+    name: str,
+    description: str,
+    parameters: Mapping[str, Any],
+    server_label: str = "",
+    *,
+    timeout: float | None = None,
 ) -> pb.ExecutorTool:
+    """A tool as the model sees it; `timeout` (seconds) is the default limit of one call, which a
+    request may override."""
     schema = struct_pb2.Struct()
     json_format.ParseDict(dict(parameters), schema)
-    return pb.ExecutorTool(
+    tool = pb.ExecutorTool(
         function=pb.FunctionTool(name=name, description=description, parameters=schema),
         server_label=server_label,
     )
+    if timeout is not None:
+        tool.timeout.FromNanoseconds(int(timeout * 1e9))
+    return tool
 
 
 def text_result(output: str, *, is_error: bool = False) -> pb.FunctionCallOutput:
