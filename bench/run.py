@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench import figures, interactive, profile, report
+from bench import figures, hooks_figure, interactive, profile, report
 from bench.procs import Child, load_average, machine, spawn
 from bench.stats import Results
 
@@ -52,6 +52,7 @@ FIGURES: dict[str, Figure] = {
     "growth": figures.growth,
     "bidi": interactive.bidi_throughput,
     "steer": interactive.steer_latency,
+    "hooks": hooks_figure.hooks_overhead,
 }
 
 
