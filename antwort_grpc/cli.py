@@ -36,6 +36,8 @@ def _serve_parser(sub: Any) -> None:
         help="HookService target or module:Class, [;timeout=S][;failure=open|closed], repeatable (ANTWORT_HOOKS)",
     )
     p.add_argument("--log-level", help="ANTWORT_LOG_LEVEL, default INFO")
+    p.add_argument("--log-format", choices=["text", "json"], help="ANTWORT_LOG_FORMAT, default text")
+    p.add_argument("--metrics-listen", help="host:port of the Prometheus /metrics endpoint (ANTWORT_METRICS_LISTEN)")
     p.add_argument("--script", help="JSON file of scripted model turns instead of a backend (ANTWORT_SCRIPT)")
     p.add_argument("--data-dir", help="directory for the embedded defaults (ANTWORT_DATA_DIR, default var)")
     p.set_defaults(run=_serve)
@@ -46,6 +48,27 @@ def _migrate_parser(sub: Any) -> None:
     p.add_argument("--store", help="the store URL (ANTWORT_STORE)")
     p.add_argument("--data-dir", help="ANTWORT_DATA_DIR")
     p.set_defaults(run=_migrate)
+
+
+def _auth_parser(sub: Any) -> None:
+    p = sub.add_parser("auth", help="authentication helpers")
+    auth_sub = p.add_subparsers(dest="auth_command", required=True)
+    new = auth_sub.add_parser("new-key", help="make an API key; prints the key and its line for ANTWORT_API_KEYS_FILE")
+    new.add_argument("--principal", required=True)
+    new.add_argument("--tenant", default="")
+    new.set_defaults(run=_new_key)
+
+
+def _new_key(args: argparse.Namespace) -> int:
+    from antwort_grpc.auth.apikeys import key_line, new_key
+
+    if not args.principal.strip() or any(c.isspace() for c in args.principal + args.tenant):
+        print("principal and tenant must be single words", file=sys.stderr)
+        return 2
+    key = new_key()
+    print(f"key:  {key}")
+    print(f"line: {key_line(key, args.principal, args.tenant)}")
+    return 0
 
 
 def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
@@ -62,6 +85,8 @@ SERVE_FLAGS = [
     "hooks",
     "max_turns",
     "log_level",
+    "log_format",
+    "metrics_listen",
     "script",
     "data_dir",
 ]
@@ -76,7 +101,7 @@ def gateway_settings(args: argparse.Namespace) -> GatewaySettings:
 
 def _serve(args: argparse.Namespace) -> int:
     settings = gateway_settings(args)
-    _logging(settings.log_level)
+    _logging(settings.log_level, settings.log_format)
     check_listen(settings.listen, "--listen / ANTWORT_LISTEN")
     from antwort_grpc.server.run import serve
 
@@ -101,10 +126,12 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _logging(level: str) -> None:
+def _logging(level: str, log_format: str = "text") -> None:
     if not isinstance(logging.getLevelName(level.upper()), int):
         raise StartupError(f"--log-level / ANTWORT_LOG_LEVEL: unknown level {level!r} (DEBUG, INFO, WARNING, ERROR)")
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from antwort_grpc.observability.logs import configure
+
+    configure(level, log_format)
 
 
 def _wants_traceback(args: argparse.Namespace) -> bool:
@@ -119,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _migrate_parser(sub)
+    _auth_parser(sub)
     from antwort_grpc.client.cli import add_client_parsers
     from antwort_grpc.hooks.cli import add_hook_parser
     from antwort_grpc.tool_services.cli import add_executor_parser

@@ -73,7 +73,36 @@ class GatewaySettings(BaseSettings):
     # Seconds between health going NOT_SERVING and refusing new calls, for load balancers.
     shutdown_drain: float = 1.0
 
-    _split = field_validator("executors", "hooks", mode="before")(_split_commas)
+    # Authentication: none (then only a loopback listen address, unless allow_unauthenticated),
+    # api_key (a file of hashed keys) or jwt (bearer tokens checked against a JWKS or a PEM key).
+    auth: Literal["none", "api_key", "jwt"] = "none"
+    allow_unauthenticated: bool = False
+    api_keys_file: Path | None = None
+    jwt_jwks: str = ""
+    jwt_public_key_file: Path | None = None
+    jwt_issuer: str = ""
+    jwt_audience: str = ""
+    jwt_algorithms: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["RS256", "ES256"])
+    jwt_principal_claim: str = "sub"
+    jwt_tenant_claim: str = "tenant"
+    jwt_leeway_seconds: float = 30.0
+    # Least seconds between two fetches of a JWKS URL (a token with an unknown key id fetches it).
+    jwt_jwks_refresh_seconds: float = 30.0
+    # Responses one principal may run at once (CreateResponse, Converse); 0: no limit.
+    max_concurrent_responses: int = 0
+    # gRPC server reflection (grpcurl's `list`, `describe`); behind authentication like every RPC.
+    reflection: bool = True
+    # TLS on the gRPC port: certificate chain and key (PEM); with a client CA, mutual TLS (callers
+    # must present a certificate it signed).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    # host:port of the Prometheus /metrics endpoint (its own HTTP port); empty: no metrics.
+    metrics_listen: str = ""
+    # "json": one JSON object per log line, and a line per finished response.
+    log_format: Literal["text", "json"] = "text"
+
+    _split = field_validator("executors", "hooks", "jwt_algorithms", mode="before")(_split_commas)
 
 
 class ExecutorSettings(BaseSettings):

@@ -18,6 +18,8 @@ done
 # The Node example clients (examples/node): node and npm; the test installs their npm packages.
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
+# A real Prometheus server scrapes the gateway in tests/test_metrics.py (and promtool checks it).
+command -v promtool >/dev/null || need+=(prometheus)
 if ((${#need[@]})); then
   echo "installing ${need[*]} (apt)"
   export DEBIAN_FRONTEND=noninteractive

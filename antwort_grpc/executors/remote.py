@@ -30,6 +30,7 @@ from grpc_health.v1 import health_pb2
 
 from antwort_grpc import pb
 from antwort_grpc.executors.base import ProgressSink, current_deadline
+from antwort_grpc.observability.tracing import metadata as trace_metadata
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +250,9 @@ class RemoteExecutor:
             timeout = min(timeout, deadline - asyncio.get_running_loop().time())
         if timeout <= 0:
             return _error(call, f"the request's deadline passed before tool {call.name!r} could run")
-        stream = self._stub.Execute(pb.ExecuteRequest(call=call, tool=tool), timeout=timeout, wait_for_ready=False)
+        stream = self._stub.Execute(
+            pb.ExecuteRequest(call=call, tool=tool), timeout=timeout, wait_for_ready=False, metadata=trace_metadata()
+        )
         result: pb.FunctionCallOutput | None = None
         try:
             async for update in stream:

@@ -14,11 +14,15 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from antwort_grpc import pb
+from antwort_grpc.auth.build import build_authenticator, refuse_open_listen
+from antwort_grpc.auth.interceptor import AuthInterceptor, ConcurrencyLimit
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.engine import Engine, EngineConfig
 from antwort_grpc.executors.base import ToolExecutor
+from antwort_grpc.observability import Observability
 from antwort_grpc.providers.base import Provider, ProviderHealth
 from antwort_grpc.server.servicer import ResponsesServicer
+from antwort_grpc.server.tls import server_credentials
 from antwort_grpc.storage.base import CancelSignals, ControlSignals, ResponseStore
 
 log = logging.getLogger(__name__)
@@ -43,10 +47,16 @@ class Gateway:
     watcher: asyncio.Task[None] | None = None
     # Ends the store's cancel delivery to this gateway's engine.
     unsubscribe: Callable[[], None] | None = None
+    observability: Observability | None = None
 
     @property
     def target(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def metrics_port(self) -> int | None:
+        server = self.observability.server if self.observability is not None else None
+        return server.port if server is not None else None
 
     async def stop(self, grace: float | None = 5.0, drain: float = 0.0) -> None:
         """Health goes NOT_SERVING; for `drain` seconds calls are still accepted so probes and load
@@ -64,6 +74,8 @@ class Gateway:
         # Only now: a cancel from another replica still reaches streams finishing in the grace.
         if self.unsubscribe is not None:
             self.unsubscribe()
+        if self.observability is not None:
+            self.observability.stop()
 
 
 def _host_of(listen: str) -> str:
@@ -78,6 +90,15 @@ async def start_gateway(
     store: ResponseStore,
     executors: Sequence[ToolExecutor],
 ) -> Gateway:
+    refuse_open_listen(settings)
+    credentials = server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+    interceptors = _interceptors(settings)
+    observability = Observability.build(metrics_listen=settings.metrics_listen, log_format=settings.log_format)
+    if observability is not None:
+        # Observed from outside: the provider, store and executors wrapped, the streams intercepted.
+        provider, store = observability.provider(provider), observability.store(store)
+        executors = observability.wrap_executors(executors)
+        interceptors.append(observability.interceptor())
     engine = Engine(
         provider,
         store,
@@ -94,17 +115,22 @@ async def start_gateway(
             ("grpc.max_receive_message_length", 32 * 1024 * 1024),
             ("grpc.max_send_message_length", 32 * 1024 * 1024),
             ("grpc.so_reuseport", 0),
-        ]
+        ],
+        interceptors=interceptors,
     )
     servicer = ResponsesServicer(engine, store)
     pb.add_ResponsesServiceServicer_to_server(servicer, server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        [RESPONSES_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
-        server,
-    )
-    port = server.add_insecure_port(settings.listen)
+    if settings.reflection:
+        reflection.enable_server_reflection(
+            [RESPONSES_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            server,
+        )
+    if credentials is None:
+        port = server.add_insecure_port(settings.listen)
+    else:
+        port = server.add_secure_port(settings.listen, credentials)
     if port == 0:
         raise OSError(f"cannot listen on {settings.listen}")
     await server.start()
@@ -116,7 +142,9 @@ async def start_gateway(
         if attach is not None:
             await attach(health)
     log.info("antwort-grpc listening on %s", settings.listen.rsplit(":", 1)[0] + f":{port}")
-    gateway = Gateway(server, port, _host_of(settings.listen), engine, store, health)
+    gateway = Gateway(server, port, _host_of(settings.listen), engine, store, health, observability=observability)
+    if observability is not None:
+        observability.start()
     if isinstance(store, CancelSignals):
         # Cancels requested on any replica (or through the store) stop runs of this engine.
         gateway.unsubscribe = store.on_cancel(engine.runs.stop)
@@ -136,6 +164,14 @@ async def start_gateway(
     else:
         await health.set(BACKEND_HEALTH, SERVING)
     return gateway
+
+
+def _interceptors(settings: GatewaySettings) -> list[grpc.aio.ServerInterceptor]:
+    authenticator = build_authenticator(settings)
+    limit = ConcurrencyLimit(settings.max_concurrent_responses) if settings.max_concurrent_responses > 0 else None
+    if authenticator is None and limit is None:
+        return []
+    return [AuthInterceptor(authenticator, limit)]
 
 
 async def _watch_backend(health: HealthServicer, check: Callable[[], Awaitable[ProviderHealth]]) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import gc
 import logging
 
+from antwort_grpc.auth.build import refuse_open_listen
 from antwort_grpc.config import GatewaySettings
+from antwort_grpc.observability import tracing
 from antwort_grpc.server.app import serve_until_signalled, start_gateway
 from antwort_grpc.server.assemble import assemble
 
@@ -31,6 +33,8 @@ def tune_gc() -> None:
 
 
 async def serve(settings: GatewaySettings) -> None:
+    # Before anything starts: a refusal must not leave a local model or a store half opened.
+    refuse_open_listen(settings)
     parts = await assemble(settings)
     try:
         gateway = await start_gateway(settings, provider=parts.provider, store=parts.store, executors=parts.executors)
@@ -39,3 +43,5 @@ async def serve(settings: GatewaySettings) -> None:
         await serve_until_signalled(gateway, settings.shutdown_grace, settings.shutdown_drain)
     finally:
         await parts.close()
+        # Export the spans still buffered.
+        tracing.shutdown()

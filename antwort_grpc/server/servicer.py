@@ -11,6 +11,7 @@ from typing import Any, TypeAlias
 import grpc
 
 from antwort_grpc import pb
+from antwort_grpc.auth import current_owner
 from antwort_grpc.engine import Engine
 from antwort_grpc.engine.run import Run
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
@@ -24,8 +25,8 @@ Context: TypeAlias = Any
 
 
 def owner_of(context: Context) -> str:
-    """Who is calling. Empty until authentication fills it in; reads filter by it already."""
-    return ""
+    """Whose responses the caller sees: set by the authentication interceptor ("" without it)."""
+    return current_owner()
 
 
 class ResponsesServicer(pb.ResponsesServiceServicer):

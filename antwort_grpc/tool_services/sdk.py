@@ -32,10 +32,12 @@ from google.protobuf import json_format, struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
+from opentelemetry import trace
 
 from antwort_grpc import pb
 from antwort_grpc.errors import RequestError
 from antwort_grpc.executors.base import ProgressSink
+from antwort_grpc.observability import tracing
 from antwort_grpc.status import abort
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,7 @@ class ToolExecutorServicer(pb.ToolExecutorServiceServicer):
 
     def __init__(self, service: ExecutorService) -> None:
         self.service = service
+        self.tracer = tracing.tracer_from_environment("antwort-grpc-executor")
 
     async def GetExecutorInfo(self, request: pb.GetExecutorInfoRequest, context: Context) -> pb.GetExecutorInfoResponse:
         tools = await self.service.list_tools()
@@ -124,7 +127,10 @@ class ToolExecutorServicer(pb.ToolExecutorServiceServicer):
         if not request.call.name:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "call.name is required")
         updates: asyncio.Queue[str] = asyncio.Queue()
-        task = asyncio.create_task(self._run(request, updates.put_nowait))
+        span = self._span(request, context)
+        # The call's task runs inside the span (a child of the gateway's tool call span).
+        with trace.use_span(span, end_on_exit=False) if span is not None else contextlib.nullcontext():
+            task = asyncio.create_task(self._run(request, updates.put_nowait))
         try:
             while True:
                 next_update = asyncio.ensure_future(updates.get())
@@ -146,6 +152,16 @@ class ToolExecutorServicer(pb.ToolExecutorServiceServicer):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if span is not None:
+                span.end()
+
+    def _span(self, request: pb.ExecuteRequest, context: Context) -> trace.Span | None:
+        if self.tracer is None:
+            return None
+        attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": request.call.name}
+        attributes["gen_ai.tool.call.id"] = request.call.call_id
+        name = f"execute_tool {request.call.name}"
+        return tracing.start_server_span(self.tracer, name, context.invocation_metadata(), attributes)
 
     async def _run(self, request: pb.ExecuteRequest, progress: ProgressSink) -> pb.FunctionCallOutput:
         call = request.call
@@ -211,3 +227,4 @@ async def run_executor(service: ExecutorService, listen: str, grace: float = 10.
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await running.stop(grace)
+    tracing.shutdown()

@@ -17,6 +17,7 @@ from typing import TypeVar
 import aiohttp
 from pydantic import ValidationError
 
+from antwort_grpc.observability.tracing import headers as trace_headers
 from antwort_grpc.providers.base import Completion, ProviderError, ProviderEvent, ProviderHealth, TurnRequest
 from antwort_grpc.providers.openai.config import BackendConfig
 from antwort_grpc.providers.openai.errors import backoff, retry_after, status_error
@@ -141,7 +142,7 @@ class OpenAICompatProvider:
         """POSTs and returns a 2xx response with its body unread; raises for everything else."""
         url = self.config.chat_url
         try:
-            response = await self._client().post(url, data=body)
+            response = await self._client().post(url, data=body, headers=trace_headers())
         except aiohttp.ClientConnectorError as error:
             raise _Retry("backend_unavailable", f"cannot connect to the model backend at {url}: {error}") from None
         except TimeoutError:

@@ -33,6 +33,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from antwort_grpc import pb
 from antwort_grpc.executors.base import ProgressSink
+from antwort_grpc.observability.tracing import headers as trace_headers
 from antwort_grpc.tool_services.mcp.config import McpBridgeSettings, McpServerConfig
 from antwort_grpc.tool_services.mcp.results import executor_tool, function_output, progress_message
 from antwort_grpc.tool_services.sdk import text_result
@@ -137,7 +138,12 @@ class ServerConnection:
 
         try:
             result = await client.call_tool(
-                name, arguments, read_timeout_seconds=self.settings.call_timeout, progress_callback=on_progress
+                name,
+                arguments,
+                read_timeout_seconds=self.settings.call_timeout,
+                progress_callback=on_progress,
+                # The caller's trace context in the request's _meta (MCP has no headers per call).
+                meta=trace_headers(),  # type: ignore[arg-type]
             )
         except MCPError as err:
             if self._note_failure(client, err):

@@ -1,0 +1,64 @@
+"""The gateway's authenticator from its settings, and the rule for listening without one."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from antwort_grpc.auth.apikeys import ApiKeyFile
+from antwort_grpc.auth.interceptor import Authenticator
+from antwort_grpc.auth.jwt_tokens import JwtAuthenticator, JwtSettings
+from antwort_grpc.config import GatewaySettings
+from antwort_grpc.startup import StartupError
+
+
+def build_authenticator(settings: GatewaySettings) -> Authenticator | None:
+    """Raises StartupError naming the setting to fix."""
+    try:
+        return _build(settings)
+    except (OSError, ValueError) as err:
+        setting = "ANTWORT_API_KEYS_FILE" if settings.auth == "api_key" else "ANTWORT_JWT_*"
+        raise StartupError(f"{setting}: {err}") from err
+
+
+def _build(settings: GatewaySettings) -> Authenticator | None:
+    if settings.auth == "api_key":
+        if settings.api_keys_file is None:
+            raise ValueError("ANTWORT_AUTH=api_key needs this file of hashed keys")
+        return ApiKeyFile(settings.api_keys_file)
+    if settings.auth == "jwt":
+        return JwtAuthenticator(
+            JwtSettings(
+                issuer=settings.jwt_issuer,
+                audience=settings.jwt_audience,
+                algorithms=tuple(settings.jwt_algorithms),
+                principal_claim=settings.jwt_principal_claim,
+                tenant_claim=settings.jwt_tenant_claim,
+                leeway=settings.jwt_leeway_seconds,
+                jwks=settings.jwt_jwks,
+                public_key_file=settings.jwt_public_key_file,
+                jwks_min_refresh=settings.jwt_jwks_refresh_seconds,
+            )
+        )
+    return None
+
+
+def is_loopback(listen: str) -> bool:
+    if listen.startswith("unix:"):
+        return True
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def refuse_open_listen(settings: GatewaySettings) -> None:
+    """Without authentication the gateway serves anyone who reaches it, so it listens only on
+    loopback unless the operator says otherwise."""
+    if settings.auth == "none" and not settings.allow_unauthenticated and not is_loopback(settings.listen):
+        raise StartupError(
+            f"refusing to listen on {settings.listen} without authentication: set ANTWORT_AUTH=api_key or jwt, "
+            "or ANTWORT_ALLOW_UNAUTHENTICATED=true to serve every caller anyway"
+        )

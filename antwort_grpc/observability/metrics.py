@@ -1,0 +1,158 @@
+"""The gateway's Prometheus metrics (prometheus-client), on their own registry and HTTP port.
+
+OpenTelemetry GenAI semantic-convention metrics where one exists, in their Prometheus form (dots
+become underscores, the unit a suffix), with the conventions' bucket boundaries:
+
+- `gen_ai_client_operation_duration_seconds`, `gen_ai_client_token_usage`: each model call the
+  gateway makes to its backend (it is the backend's client);
+- `gen_ai_server_request_duration_seconds`, `gen_ai_server_time_to_first_token_seconds`,
+  `gen_ai_server_time_per_output_token_seconds`: each response the gateway serves (it is a GenAI
+  server to its callers; the last two for streamed responses).
+
+And ours, `antwort_*`: responses by terminal status, turns per response, tool calls by tool,
+executor and outcome with their durations, executor health, store latency, open streams, backend
+errors by code, hook failures.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from threading import Thread
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
+DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+# Finer at the low end than the GenAI durations: a store write takes milliseconds.
+STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+TURN_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50)
+
+GENAI_MODEL = ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model")
+
+
+class ExecutorHealth(Collector):
+    """`antwort_executor_up{executor}`: 1 while the gateway can reach the executor service, read
+    from the remote executors themselves at scrape time."""
+
+    def __init__(self, executors: Callable[[], Sequence[Any]]) -> None:
+        self.executors = executors
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            "antwort_executor_up",
+            "Whether the gateway reaches the executor service (1) or not (0)",
+            labels=["executor"],
+        )
+        for executor in self.executors():
+            target = getattr(executor, "target", None)
+            if target is not None:
+                family.add_metric([str(target)], 1.0 if executor.healthy else 0.0)
+        yield family
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.client_duration = Histogram(
+            "gen_ai_client_operation_duration_seconds",
+            "GenAI operation duration: one model call to the backend",
+            [*GENAI_MODEL, "error_type"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.client_tokens = Histogram(
+            "gen_ai_client_token_usage",
+            "Tokens used by one model call, by token type",
+            [*GENAI_MODEL, "gen_ai_token_type"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.server_duration = Histogram(
+            "gen_ai_server_request_duration_seconds",
+            "Duration of one response served, from the request to its terminal event",
+            ["gen_ai_operation_name", "gen_ai_request_model", "error_type"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "gen_ai_server_time_to_first_token_seconds",
+            "Time from the request to the first output token streamed",
+            ["gen_ai_operation_name", "gen_ai_request_model"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "gen_ai_server_time_per_output_token_seconds",
+            "Time per output token after the first, of one streamed response",
+            ["gen_ai_operation_name", "gen_ai_request_model"],
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self.responses = Counter(
+            "antwort_responses", "Responses that ended, by terminal status", ["status", "model"], registry=r
+        )
+        self.turns = Histogram(
+            "antwort_response_turns", "Model turns per finished response", buckets=TURN_BUCKETS, registry=r
+        )
+        self.tool_calls = Counter(
+            "antwort_tool_calls",
+            "Server-side tool calls by tool, executor and outcome",
+            ["tool", "executor", "outcome"],
+            registry=r,
+        )
+        self.tool_duration = Histogram(
+            "antwort_tool_call_duration_seconds",
+            "Duration of server-side tool calls",
+            ["tool", "executor", "outcome"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.store_duration = Histogram(
+            "antwort_store_operation_duration_seconds",
+            "Latency of response store operations",
+            ["operation", "outcome"],
+            buckets=STORE_BUCKETS,
+            registry=r,
+        )
+        self.open_streams = Gauge(
+            "antwort_open_streams", "Response streams (CreateResponse, Converse) open now", registry=r
+        )
+        self.backend_errors = Counter(
+            "antwort_backend_errors", "Model backend failures by error code", ["code"], registry=r
+        )
+        self.hook_failures = Counter("antwort_hook_failures", "Policy hooks that failed during a response", registry=r)
+
+    def watch_executors(self, executors: Callable[[], Sequence[Any]]) -> None:
+        self.registry.register(ExecutorHealth(executors))
+
+
+class MetricsServer:
+    """The /metrics HTTP endpoint on its own port (a thread of prometheus-client)."""
+
+    def __init__(self, server: Any, thread: Thread) -> None:
+        self._server = server
+        self._thread = thread
+
+    @property
+    def port(self) -> int:
+        port: int = self._server.server_address[1]
+        return port
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+
+def serve_metrics(listen: str, registry: CollectorRegistry) -> MetricsServer:
+    host, _, port = listen.rpartition(":")
+    server, thread = start_http_server(int(port), addr=host.strip("[]") or "0.0.0.0", registry=registry)
+    return MetricsServer(server, thread)

@@ -1,0 +1,248 @@
+"""Wrappers that observe the gateway's parts from outside: the model provider (model-call spans,
+GenAI client metrics, backend errors by code, turns), each tool executor (tool-call spans and
+metrics) and the store (latency by operation). Whatever they do not define is the wrapped part's
+own (attribute access falls through), so the rest of the gateway sees the same capabilities."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from antwort_grpc import pb
+from antwort_grpc.executors.base import ProgressSink, ToolExecutor
+from antwort_grpc.observability.context import Observation, current_observation
+from antwort_grpc.observability.metrics import Metrics
+from antwort_grpc.providers.base import Completion, Provider, ProviderError, ProviderEvent, TurnEnd, TurnRequest
+from antwort_grpc.storage.base import ItemPage, ResponseStore, StoredResponse
+
+CHAT = "chat"
+_PROVIDER_NAMES = {"OpenAICompatProvider": "openai", "ScriptedProvider": "scripted", "LocalModelProvider": "llama.cpp"}
+
+
+def _next_turn(o: Observation | None, tracer: trace.Tracer | None) -> None:
+    """A model call starts the next turn: the turn before it (its model call and its tools) ends."""
+    if o is None:
+        return
+    o.turns += 1
+    if tracer is None or o.span is None:
+        return
+    if o.turn_span is not None:
+        o.turn_span.end()
+    o.turn_span = tracer.start_span(
+        f"turn {o.turns}", context=trace.set_span_in_context(o.span), attributes={"antwort.turn": o.turns}
+    )
+
+
+class ObservedProvider:
+    def __init__(self, inner: Provider, metrics: Metrics | None, tracer: trace.Tracer | None) -> None:
+        self._inner = inner
+        self._metrics = metrics
+        self._tracer = tracer
+        self._name = _PROVIDER_NAMES.get(type(inner).__name__, type(inner).__name__.lower())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def _start(self, turn: TurnRequest) -> Any:
+        o = current_observation.get()
+        _next_turn(o, self._tracer)
+        if self._tracer is None:
+            return None
+        return self._tracer.start_span(
+            f"{CHAT} {turn.model}".strip(),
+            context=o.parent() if o is not None else None,
+            kind=trace.SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": CHAT,
+                "gen_ai.provider.name": self._name,
+                "gen_ai.request.model": turn.model,
+            },
+        )
+
+    def _end(self, turn: TurnRequest, span: Any, started: float, error: str, usage: pb.Usage | None) -> None:
+        m = self._metrics
+        if m is not None:
+            labels = (CHAT, self._name, turn.model)
+            m.client_duration.labels(*labels, error).observe(time.perf_counter() - started)
+            if usage is not None:
+                m.client_tokens.labels(*labels, "input").observe(usage.input_tokens)
+                m.client_tokens.labels(*labels, "output").observe(usage.output_tokens)
+            if error and error != "cancelled":
+                m.backend_errors.labels(error).inc()
+        if span is not None:
+            if usage is not None:
+                span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
+                span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+            if error:
+                span.set_attribute("error.type", error)
+                span.set_status(trace.Status(trace.StatusCode.ERROR, error))
+            span.end()
+
+    async def stream(self, turn: TurnRequest) -> AsyncGenerator[ProviderEvent, None]:
+        span = self._start(turn)
+        started = time.perf_counter()
+        inner = self._inner.stream(turn)
+        error, usage = "cancelled", None
+        try:
+            # Current while the call is made, so the provider's HTTP request carries its context.
+            token = otel_context.attach(trace.set_span_in_context(span)) if span is not None else None
+            try:
+                first = await anext(inner)
+            except StopAsyncIteration:
+                error = ""
+                return
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
+            yield first
+            async for event in inner:
+                if type(event) is TurnEnd:
+                    usage = event.usage
+                yield event
+            if type(first) is TurnEnd:
+                usage = first.usage
+            error = ""
+        except ProviderError as err:
+            error = err.code
+            raise
+        except Exception as err:
+            error = type(err).__name__
+            raise
+        finally:
+            close = getattr(inner, "aclose", None)
+            if close is not None:
+                await close()
+            self._end(turn, span, started, error, usage)
+
+    async def complete(self, turn: TurnRequest) -> Completion:
+        span = self._start(turn)
+        started = time.perf_counter()
+        error, usage = "cancelled", None
+        token = otel_context.attach(trace.set_span_in_context(span)) if span is not None else None
+        try:
+            completion = await self._inner.complete(turn)
+            error, usage = "", completion.usage
+            return completion
+        except ProviderError as err:
+            error = err.code
+            raise
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+            self._end(turn, span, started, error, usage)
+
+
+class ObservedExecutor:
+    def __init__(self, inner: ToolExecutor, metrics: Metrics | None, tracer: trace.Tracer | None) -> None:
+        self._inner = inner
+        self._metrics = metrics
+        self._tracer = tracer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    @property
+    def kind(self) -> int:
+        return self._inner.kind
+
+    async def can_execute(self, tool: pb.Tool) -> bool:
+        return await self._inner.can_execute(tool)
+
+    @property
+    def label(self) -> str:
+        return str(getattr(self._inner, "name", "") or type(self._inner).__name__)
+
+    async def execute(self, call: pb.FunctionCall, tool: pb.Tool, progress: ProgressSink) -> pb.FunctionCallOutput:
+        span = token = None
+        if self._tracer is not None:
+            o = current_observation.get()
+            span = self._tracer.start_span(
+                f"execute_tool {call.name}",
+                context=o.parent() if o is not None else None,
+                kind=trace.SpanKind.CLIENT,
+                attributes={
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": call.name,
+                    "gen_ai.tool.call.id": call.call_id,
+                    "gen_ai.tool.type": tool.WhichOneof("kind") or "function",
+                    "antwort.executor": self.label,
+                },
+            )
+            # Current during the call: a remote executor passes it on in the call's metadata.
+            token = otel_context.attach(trace.set_span_in_context(span))
+        started = time.perf_counter()
+        outcome = "cancelled"
+        try:
+            result = await self._inner.execute(call, tool, progress)
+            outcome = "error" if result.is_error else "success"
+            return result
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+            if self._metrics is not None:
+                labels = (call.name, self.label, outcome)
+                self._metrics.tool_calls.labels(*labels).inc()
+                self._metrics.tool_duration.labels(*labels).observe(time.perf_counter() - started)
+            if span is not None:
+                span.set_attribute("antwort.tool.outcome", outcome)
+                if outcome != "success":
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, outcome))
+                span.end()
+
+
+class ObservedStore:
+    def __init__(self, inner: ResponseStore, metrics: Metrics) -> None:
+        self._inner = inner
+        self._hist = metrics.store_duration
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def _record(self, operation: str, started: float, ok: bool) -> None:
+        self._hist.labels(operation, "success" if ok else "error").observe(time.perf_counter() - started)
+
+    async def save(self, record: StoredResponse) -> None:
+        started, ok = time.perf_counter(), False
+        try:
+            await self._inner.save(record)
+            ok = True
+        finally:
+            self._record("save", started, ok)
+
+    async def get(self, response_id: str, owner: str = "") -> StoredResponse | None:
+        started, ok = time.perf_counter(), False
+        try:
+            result = await self._inner.get(response_id, owner)
+            ok = True
+            return result
+        finally:
+            self._record("get", started, ok)
+
+    async def delete(self, response_id: str, owner: str = "") -> bool:
+        started, ok = time.perf_counter(), False
+        try:
+            result = await self._inner.delete(response_id, owner)
+            ok = True
+            return result
+        finally:
+            self._record("delete", started, ok)
+
+    async def list_input_items(
+        self, response_id: str, *, limit: int, after: str, descending: bool, owner: str = ""
+    ) -> ItemPage | None:
+        started, ok = time.perf_counter(), False
+        try:
+            result = await self._inner.list_input_items(
+                response_id, limit=limit, after=after, descending=descending, owner=owner
+            )
+            ok = True
+            return result
+        finally:
+            self._record("list_input_items", started, ok)

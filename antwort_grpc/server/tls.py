@@ -1,0 +1,27 @@
+"""TLS for the gateway's gRPC port, from PEM files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+
+from antwort_grpc.startup import StartupError
+
+
+def server_credentials(cert: Path | None, key: Path | None, client_ca: Path | None) -> grpc.ServerCredentials | None:
+    """None: plaintext. With `client_ca`, callers must present a certificate it signed (mTLS)."""
+    if cert is None and key is None:
+        if client_ca is not None:
+            raise StartupError("ANTWORT_TLS_CLIENT_CA needs ANTWORT_TLS_CERT and ANTWORT_TLS_KEY")
+        return None
+    if cert is None or key is None:
+        raise StartupError("TLS needs both ANTWORT_TLS_CERT and ANTWORT_TLS_KEY")
+    try:
+        return grpc.ssl_server_credentials(
+            [(key.read_bytes(), cert.read_bytes())],
+            root_certificates=client_ca.read_bytes() if client_ca is not None else None,
+            require_client_auth=client_ca is not None,
+        )
+    except OSError as err:
+        raise StartupError(f"ANTWORT_TLS_*: {err}") from err

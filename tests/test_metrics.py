@@ -1,0 +1,90 @@
+"""Prometheus metrics of the gateway, scraped by a real Prometheus server while a few
+conversations run (a server-side tool on a real executor service, a streamed answer, a backend
+failure), checked with PromQL over its HTTP API; the exposition passes `promtool check metrics`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import aiohttp
+
+from antwort_grpc import pb
+from antwort_grpc.executors.base import FunctionExecutor
+from antwort_grpc.executors.remote import RemoteExecutor
+from antwort_grpc.providers.base import ProviderError, TurnRequest
+from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text, Turn
+from antwort_grpc.tool_services.sdk import serve_executor
+from tests.executors.remote_services import FAST, Forecasts, tools_request
+from tests.harness import running_gateway, user
+from tests.prometheus_server import Vector, prometheus, promtool_check_metrics
+
+S = pb.ResponseStatus
+
+
+def _script(request: TurnRequest) -> Turn | Sequence[Call | Text]:
+    """Each conversation by its first words: weather (a tool round), story (streamed text), broken."""
+    text = request.items[0].message.content[0].input_text.text if request.items else ""
+    answered = any(i.WhichOneof("kind") == "function_call_output" for i in request.items)
+    if text.startswith("weather"):
+        return [Text("It is sunny.")] if answered else [Call.of("get_weather", {"city": "Paris"})]
+    if text.startswith("broken"):
+        return Turn(error=ProviderError("rate_limited", "the backend is busy"))
+    return Turn([Text("once upon a time there was a gateway")], usage=pb.Usage(input_tokens=7, output_tokens=9))
+
+
+def values(result: Vector, label: str) -> dict[str, float]:
+    return {sample["metric"].get(label, ""): float(sample["value"][1]) for sample in result}
+
+
+async def test_prometheus_scrapes_the_gateway_during_conversations(tmp_path: Path) -> None:
+    provider = ScriptedProvider([_script], repeat=True)
+    service = await serve_executor(Forecasts())
+    remote = RemoteExecutor(service.target, FAST)
+    await remote.start()
+    try:
+        async with running_gateway(
+            provider=provider, executors=[FunctionExecutor(), remote], metrics_listen="127.0.0.1:0"
+        ) as gw:
+            port = gw.gateway.metrics_port
+            assert port
+            async with prometheus(tmp_path, [f"127.0.0.1:{port}"]) as prom:
+                weather = tools_request("weather in Paris?", [pb.Tool(function=pb.FunctionTool(name="get_weather"))])
+                for request in (weather, user("story please"), user("story again"), user("broken on purpose")):
+                    await gw.stream(request)
+                weather_response = await gw.create(weather)
+                assert weather_response.status == S.RESPONSE_STATUS_COMPLETED
+
+                by_status = await prom.until(
+                    "sum by (status) (antwort_responses_total)",
+                    lambda r: sum(values(r, "status").values()) >= 5,
+                )
+                assert values(by_status, "status") == {"completed": 4, "failed": 1}
+                tools = await prom.query('antwort_tool_calls_total{tool="get_weather"}')
+                assert [(t["metric"]["executor"], t["metric"]["outcome"], t["value"][1]) for t in tools] == [
+                    ("weather", "success", "2")
+                ]
+                errors = await prom.query("antwort_backend_errors_total")
+                assert values(errors, "code") == {"rate_limited": 1}
+                assert values(await prom.query("antwort_executor_up"), "executor") == {service.target: 1}
+                # GenAI conventions: token usage per model call by type, time to first token of the
+                # streamed answers, and the server-side duration of every response.
+                tokens = await prom.query(
+                    "sum by (gen_ai_token_type) (gen_ai_client_token_usage_sum{gen_ai_request_model='test-model'})"
+                )
+                assert values(tokens, "gen_ai_token_type")["output"] >= 18
+                ttft = await prom.query("sum(gen_ai_server_time_to_first_token_seconds_count)")
+                assert float(ttft[0]["value"][1]) == 3, "the three streamed responses that produced output"
+                turns = await prom.query("histogram_quantile(1, sum by (le) (antwort_response_turns_bucket))")
+                assert float(turns[0]["value"][1]) == 2, "the weather conversation took two turns"
+                stores = await prom.query("sum by (operation) (antwort_store_operation_duration_seconds_count)")
+                assert values(stores, "operation")["save"] >= 10
+                assert values(await prom.query("antwort_open_streams"), "") == {"": 0}
+
+                async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as r:
+                    exposition = await r.text()
+                check = promtool_check_metrics(exposition)
+                assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
+    finally:
+        await remote.close()
+        await service.stop(0)
