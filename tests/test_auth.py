@@ -104,7 +104,21 @@ def _foreign_calls(stub: Any, response_id: str, md: Metadata) -> dict[str, Calla
         "CreateResponse(previous_response_id)": lambda: collect(stub.CreateResponse(follow_up, metadata=md)),
         "CancelResponse": lambda: stub.CancelResponse(pb.CancelResponseRequest(response_id=response_id), metadata=md),
         "DeleteResponse": lambda: stub.DeleteResponse(pb.DeleteResponseRequest(response_id=response_id), metadata=md),
+        "ControlResponse(pause)": lambda: stub.ControlResponse(
+            pb.ControlResponseRequest(response_id=response_id, control=pb.Control(pause=pb.PauseControl())), metadata=md
+        ),
+        "ControlResponse(cancel)": lambda: stub.ControlResponse(
+            pb.ControlResponseRequest(response_id=response_id, control=pb.Control(cancel=pb.CancelControl())),
+            metadata=md,
+        ),
+        "Converse(previous_response_id)": lambda: converse(stub, follow_up, md),
     }
+
+
+async def converse(stub: Any, request: pb.CreateResponseRequest, md: Metadata) -> list[pb.ConverseResponse]:
+    """One Converse stream that starts `request` and then stops sending."""
+    call = stub.Converse(iter([pb.ConverseRequest(create=request)]), metadata=md)
+    return [message async for message in call]
 
 
 async def test_another_tenants_response_is_not_found_for_every_rpc(credentials: Credentials) -> None:
@@ -143,7 +157,7 @@ async def test_another_tenant_can_neither_see_nor_cancel_a_running_response(cred
         stream = gw.stub.CreateResponse(request, metadata=alice)
         created = (await stream.read()).event.created.response
         await provider.started.wait()
-        for rpc in ("GetResponse", "CancelResponse"):
+        for rpc in ("GetResponse", "CancelResponse", "ControlResponse(pause)", "ControlResponse(cancel)"):
             call = _foreign_calls(gw.stub, created.id, bob)[rpc]
             await fails_with(grpc.StatusCode.NOT_FOUND, call())
         running = await gw.stub.GetResponse(pb.GetResponseRequest(response_id=created.id), metadata=alice)
@@ -226,6 +240,8 @@ async def test_a_principal_over_its_concurrent_response_limit_gets_resource_exha
             collect(gw.stub.CreateResponse(request, metadata=credentials.of("alice"))),
         )
         assert reason_of(err) == "too_many_responses"
+        err = await fails_with(grpc.StatusCode.RESOURCE_EXHAUSTED, converse(gw.stub, request, credentials.of("alice")))
+        assert reason_of(err) == "too_many_responses", "Converse counts against the same limit"
         # Another principal has slots of its own, even in the same tenant.
         carol = gw.stub.CreateResponse(request, metadata=credentials.of("carol"))
         await carol.read()

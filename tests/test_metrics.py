@@ -54,12 +54,16 @@ async def test_prometheus_scrapes_the_gateway_during_conversations(tmp_path: Pat
                     await gw.stream(request)
                 weather_response = await gw.create(weather)
                 assert weather_response.status == S.RESPONSE_STATUS_COMPLETED
+                # A response on a Converse stream (its events are written, not yielded, by the servicer).
+                session = gw.stub.Converse(iter([pb.ConverseRequest(create=user("story on a session"))]))
+                ends = [m.event.WhichOneof("event") async for m in session if m.WhichOneof("message") == "event"]
+                assert ends[-1] == "completed"
 
                 by_status = await prom.until(
                     "sum by (status) (antwort_responses_total)",
-                    lambda r: sum(values(r, "status").values()) >= 5,
+                    lambda r: sum(values(r, "status").values()) >= 6,
                 )
-                assert values(by_status, "status") == {"completed": 4, "failed": 1}
+                assert values(by_status, "status") == {"completed": 5, "failed": 1}
                 tools = await prom.query('antwort_tool_calls_total{tool="get_weather"}')
                 assert [(t["metric"]["executor"], t["metric"]["outcome"], t["value"][1]) for t in tools] == [
                     ("weather", "success", "2")
@@ -74,7 +78,7 @@ async def test_prometheus_scrapes_the_gateway_during_conversations(tmp_path: Pat
                 )
                 assert values(tokens, "gen_ai_token_type")["output"] >= 18
                 ttft = await prom.query("sum(gen_ai_server_time_to_first_token_seconds_count)")
-                assert float(ttft[0]["value"][1]) == 3, "the three streamed responses that produced output"
+                assert float(ttft[0]["value"][1]) == 4, "the four streamed responses that produced output"
                 turns = await prom.query("histogram_quantile(1, sum by (le) (antwort_response_turns_bucket))")
                 assert float(turns[0]["value"][1]) == 2, "the weather conversation took two turns"
                 stores = await prom.query("sum by (operation) (antwort_store_operation_duration_seconds_count)")

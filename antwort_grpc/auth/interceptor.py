@@ -106,7 +106,7 @@ def _refuse(handler: grpc.RpcMethodHandler, err: RequestError) -> grpc.RpcMethod
 def _limited(handler: grpc.RpcMethodHandler, limit: ConcurrencyLimit, principal: str) -> grpc.RpcMethodHandler:
     inner = _behavior(handler)
 
-    async def run(request: Any, context: Any) -> AsyncIterator[Any]:
+    async def take(context: Any) -> None:
         if not limit.acquire(principal):
             await abort(
                 context,
@@ -116,12 +116,24 @@ def _limited(handler: grpc.RpcMethodHandler, limit: ConcurrencyLimit, principal:
                     reason="too_many_responses",
                 ),
             )
-        try:
-            if inspect.isasyncgenfunction(inner):
+
+    if inspect.isasyncgenfunction(inner):
+
+        async def run_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            await take(context)
+            try:
                 async for message in inner(request, context):
                     yield message
-            else:
-                await inner(request, context)
+            finally:
+                limit.release(principal)
+
+        return _replace(handler, run_stream)
+
+    # A handler that writes with context.write (the reader/writer API): wrapped the same way.
+    async def run(request: Any, context: Any) -> None:
+        await take(context)
+        try:
+            await inner(request, context)
         finally:
             limit.release(principal)
 

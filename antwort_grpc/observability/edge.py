@@ -208,34 +208,57 @@ class ObservingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         observer = self.observer
         metadata = details.invocation_metadata
 
-        async def observed(request: Any, context: Any) -> AsyncIterator[Any]:
+        def open_rpc() -> tuple[Observation, Any]:
             o = observer.begin(method, metadata)
             current_observation.set(o)
             # Current for the rest of this RPC's task and every task it starts (tools, model calls).
             token = otel_context.attach(trace.set_span_in_context(o.span)) if o.span is not None else None
-            state = {"cut": "refused"}
+            return o, token
 
-            def watch(message: Any) -> None:
-                event = _event_of(message)
-                if event is not None:
-                    state["cut"] = "client_gone"
-                    observer.event(o, event, metadata)
+        def close_rpc(o: Observation, token: Any, cut: str) -> None:
+            observer.end(o, cut)
+            if token is not None:
+                otel_context.detach(token)
 
-            try:
-                if inspect.isasyncgenfunction(inner):
+        if inspect.isasyncgenfunction(inner):
+
+            async def observed_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+                o, token = open_rpc()
+                cut = "refused"
+                try:
                     async for message in inner(request, context):
-                        watch(message)
+                        event = _event_of(message)
+                        if event is not None:
+                            cut = "client_gone"
+                            observer.event(o, event, metadata)
                         yield message
-                else:
-                    # A handler that writes with context.write (the reader/writer API).
+                    cut = "stream_ended"
+                finally:
+                    close_rpc(o, token, cut)
+
+            behavior: Callable[..., Any] = observed_stream
+        else:
+
+            async def observed(request: Any, context: Any) -> None:
+                # A handler that writes with context.write (the reader/writer API).
+                o, token = open_rpc()
+                state = ["refused"]
+
+                def watch(message: Any) -> None:
+                    event = _event_of(message)
+                    if event is not None:
+                        state[0] = "client_gone"
+                        observer.event(o, event, metadata)
+
+                try:
                     await inner(request, _WatchedContext(context, watch))
-                state["cut"] = "stream_ended"
-            finally:
-                observer.end(o, state["cut"])
-                if token is not None:
-                    otel_context.detach(token)
+                    state[0] = "stream_ended"
+                finally:
+                    close_rpc(o, token, state[0])
+
+            behavior = observed
 
         make = grpc.unary_stream_rpc_method_handler if handler.unary_stream else grpc.stream_stream_rpc_method_handler
         return make(
-            observed, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+            behavior, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
         )
