@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,9 @@ class Sandbox:
     log: Path
 
 
-def _start(tmp: Path, name: str, **settings: str) -> Iterator[Sandbox]:
+def _start(tmp: Path, name: str, wrapper: Sequence[str] = (), **settings: str) -> Iterator[Sandbox]:
+    """The service as a process (started through `wrapper`, a command that execs the rest), once
+    it is serving."""
     # Under /tmp as the service's default is: pytest's own temp base is closed to the uid the code
     # runs as when the tests run as root.
     workdir_root = Path(tempfile.mkdtemp(prefix=f"antwort-sandbox-test-{name}-"))
@@ -66,7 +68,7 @@ def _start(tmp: Path, name: str, **settings: str) -> Iterator[Sandbox]:
         "ANTWORT_SANDBOX_WORKDIR_ROOT": str(workdir_root),
         **{f"ANTWORT_SANDBOX_{k.upper()}": v for k, v in settings.items()},
     }
-    cli = [sys.executable, "-m", "antwort_grpc.cli", "executor", "sandbox"]
+    cli = [*wrapper, sys.executable, "-m", "antwort_grpc.cli", "executor", "sandbox"]
     with log.open("wb") as err:
         proc = subprocess.Popen(cli, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err)
     try:

@@ -27,14 +27,18 @@ from antwort_grpc.tool_services.sandbox.service import _code, prepare_runner
 PYTHON = "/usr/bin/python3" if os.geteuid() == 0 else sys.executable
 
 
-def run_bpf(prog: list[tuple[int, int, int, int]], arch: int, nr: int, arg0: int = 0) -> int:
-    """Classic BPF, the four instructions the program uses, over seccomp_data {nr, arch, args[0]}."""
-    data = {0: nr, 4: arch, 16: arg0 & 0xFFFFFFFF}
+def run_bpf(prog: list[tuple[int, int, int, int]], arch: int, nr: int, *args: int) -> int:
+    """Classic BPF, the instructions the program uses, over seccomp_data {nr, arch, args[]}."""
+    data = {0: nr, 4: arch}
+    for i, arg in enumerate((*args, 0, 0, 0, 0, 0, 0)[:6]):
+        data[16 + 8 * i], data[20 + 8 * i] = arg & 0xFFFFFFFF, (arg >> 32) & 0xFFFFFFFF
     acc, pc = 0, 0
     while True:
         code, jt, jf, k = prog[pc]
         if code == 0x20:  # ld [k]
             acc = data[k]
+        elif code == 0x54:  # and k
+            acc &= k
         elif code in (0x15, 0x35):  # jeq / jge k
             taken = acc == k if code == 0x15 else acc >= k
             pc += jt if taken else jf
@@ -55,7 +59,6 @@ X86_64, AARCH64 = ARCHES["x86_64"].audit, ARCHES["aarch64"].audit
         ("x86_64", X86_64, 109, RET_ERRNO | errno.EPERM),  # setpgid
         ("x86_64", X86_64, 0x40000000 | 41, RET_ERRNO | errno.ENOSYS),  # socket through the x32 ABI
         ("x86_64", X86_64, 0, RET_ALLOW),  # read
-        ("x86_64", X86_64, 53, RET_ALLOW),  # socketpair: connects nothing outside
         ("x86_64", X86_64, 57, RET_ALLOW),  # fork
         ("x86_64", 0x40000003, 102, RET_KILL_PROCESS),  # i386 socketcall from a 64-bit process
         ("aarch64", AARCH64, 198, RET_ERRNO | errno.EACCES),  # socket
@@ -96,6 +99,48 @@ def test_the_seccomp_filter_keeps_signals_away_from_the_service_and_the_keeper(
     machine: str, arch: int, nr: int, pid: int, action: int
 ) -> None:
     assert run_bpf(seccomp_program(machine, PROTECTED), arch, nr, pid) == action
+
+
+PERM, ACCES = RET_ERRNO | errno.EPERM, RET_ERRNO | errno.EACCES
+
+
+@pytest.mark.parametrize(
+    ("machine", "arch", "nr", "args", "action"),
+    [
+        ("x86_64", X86_64, 302, (0, 7, 0, 0), RET_ALLOW),  # prlimit64(self): what setrlimit does
+        ("x86_64", X86_64, 302, (SERVICE, 0, 1, 0), PERM),  # prlimit64(service)
+        ("x86_64", X86_64, 141, (0, 0, 19), RET_ALLOW),  # setpriority(PRIO_PROCESS, self)
+        ("x86_64", X86_64, 141, (0, SERVICE, 19), PERM),  # setpriority(PRIO_PROCESS, service)
+        ("x86_64", X86_64, 141, (2, 0, 19), PERM),  # setpriority(PRIO_USER, own uid): every process of it
+        ("x86_64", X86_64, 141, (1, 0, 19), PERM),  # setpriority(PRIO_PGRP, own group)
+        ("x86_64", X86_64, 203, (0, 8, 1), RET_ALLOW),  # sched_setaffinity(self)
+        ("x86_64", X86_64, 203, (SERVICE, 8, 1), PERM),
+        ("x86_64", X86_64, 144, (SERVICE, 5, 0), PERM),  # sched_setscheduler(service, SCHED_IDLE)
+        ("x86_64", X86_64, 142, (SERVICE, 0), PERM),  # sched_setparam
+        ("x86_64", X86_64, 314, (SERVICE, 0, 0), PERM),  # sched_setattr
+        ("x86_64", X86_64, 251, (1, 0, 7), RET_ALLOW),  # ioprio_set(IOPRIO_WHO_PROCESS, self)
+        ("x86_64", X86_64, 251, (1, SERVICE, 7), PERM),
+        ("x86_64", X86_64, 251, (3, 0, 7), PERM),  # ioprio_set(IOPRIO_WHO_USER, own uid)
+        ("x86_64", X86_64, 101, (16, SERVICE), PERM),  # ptrace(PTRACE_ATTACH, service)
+        ("x86_64", X86_64, 310, (SERVICE,), PERM),  # process_vm_readv
+        ("x86_64", X86_64, 53, (1, 1 | 0x80000, 0), RET_ALLOW),  # socketpair(AF_UNIX, SOCK_STREAM|CLOEXEC)
+        ("x86_64", X86_64, 53, (1, 2, 0), ACCES),  # socketpair(AF_UNIX, SOCK_DGRAM)
+        ("x86_64", X86_64, 53, (1, 5 | 0x800, 0), ACCES),  # socketpair(AF_UNIX, SOCK_SEQPACKET|NONBLOCK)
+        ("x86_64", X86_64, 44, (3, 0x1000, 5, 0, 0, 0), RET_ALLOW),  # sendto(fd, buf, n, 0, NULL, 0): send
+        ("x86_64", X86_64, 44, (3, 0x1000, 5, 0, 0x7FFF0000, 20), ACCES),  # sendto(..., path address)
+        ("x86_64", X86_64, 44, (3, 0x1000, 5, 0, 0x7F0000000000, 20), ACCES),  # address above 4 GiB
+        ("x86_64", X86_64, 42, (3, 0x1000, 20), ACCES),  # connect
+        ("x86_64", X86_64, 49, (3, 0x1000, 20), ACCES),  # bind
+        ("aarch64", AARCH64, 261, (SERVICE, 0, 1, 0), PERM),  # prlimit64(service)
+        ("aarch64", AARCH64, 261, (0, 0, 1, 0), RET_ALLOW),
+        ("aarch64", AARCH64, 199, (1, 2, 0), ACCES),  # socketpair(AF_UNIX, SOCK_DGRAM)
+        ("aarch64", AARCH64, 206, (3, 0x1000, 5, 0, 0x7FFF0000, 20), ACCES),  # sendto(path)
+    ],
+)
+def test_the_seccomp_filter_keeps_the_code_from_acting_on_other_processes_or_host_sockets(
+    machine: str, arch: int, nr: int, args: tuple[int, ...], action: int
+) -> None:
+    assert run_bpf(seccomp_program(machine, PROTECTED), arch, nr, *args) == action
 
 
 def test_an_architecture_without_a_filter_is_refused() -> None:

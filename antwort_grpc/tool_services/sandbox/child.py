@@ -36,6 +36,7 @@ PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 SECURE_ALL_BITS_LOCKED = 0xFF  # noroot, no_setuid_fixup, keep_caps off, no_cap_ambient_raise; all locked
 SECCOMP_MODE_FILTER = 2
+CAP_SETPCAP = 8
 
 # Landlock (ABI versions add rights; the ruleset lists only those the kernel knows).
 LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
@@ -48,36 +49,98 @@ NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
 
 # seccomp BPF.
-BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K, BPF_AND_K = 0x20, 0x15, 0x35, 0x06, 0x54
 RET_KILL_PROCESS, RET_ALLOW, RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
 X32_SYSCALL_BIT = 0x40000000
-SECCOMP_ARG0_LOW = 16  # offsetof(struct seccomp_data, args[0]), its low 32 bits on little endian
+SECCOMP_ARGS = 16  # offsetof(struct seccomp_data, args[0]); each argument is 8 bytes, low word first
+SOCK_STREAM, SOCK_TYPE_MASK = 1, 0xF
+PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
+
+EPERM, EACCES = errno.EPERM, errno.EACCES
+
+# The syscalls the filter names, per architecture.
+SYSCALLS: dict[str, dict[str, int]] = {
+    "x86_64": {
+        "socket": 41, "connect": 42, "bind": 49, "sendto": 44, "socketpair": 53,
+        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+        "setsid": 112, "setpgid": 109, "tkill": 200, "pidfd_send_signal": 424,
+        "kill": 62, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297, "pidfd_open": 434,
+        "prlimit64": 302, "setpriority": 141, "ioprio_set": 251, "sched_setaffinity": 203,
+        "sched_setscheduler": 144, "sched_setparam": 142, "sched_setattr": 314,
+        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_getfd": 438, "kcmp": 312,
+        "perf_event_open": 298, "migrate_pages": 256, "move_pages": 279, "process_madvise": 440,
+        "process_mrelease": 448,
+    },
+    "aarch64": {
+        "socket": 198, "connect": 203, "bind": 200, "sendto": 206, "socketpair": 199,
+        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+        "setsid": 157, "setpgid": 154, "tkill": 130, "pidfd_send_signal": 424,
+        "kill": 129, "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240, "pidfd_open": 434,
+        "prlimit64": 261, "setpriority": 140, "ioprio_set": 30, "sched_setaffinity": 122,
+        "sched_setscheduler": 119, "sched_setparam": 118, "sched_setattr": 274,
+        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438, "kcmp": 272,
+        "perf_event_open": 241, "migrate_pages": 238, "move_pages": 239, "process_madvise": 440,
+        "process_mrelease": 448,
+    },
+}  # fmt: skip
+
+# Denied outright -> errno. socket(2) is the network (every family: a Unix socket path can reach a
+# host daemon), and connect/bind have nothing legitimate to work on without it; io_uring can open
+# sockets without socket(2); setsid/setpgid would let a process leave the group that is killed;
+# tkill and pidfd_send_signal reach processes by a number this filter cannot check. The rest read,
+# write or steer another process's memory (in the fallback the code has the service's uid, and
+# every call's code shares one uid).
+DENIED: dict[str, int] = {
+    "socket": EACCES, "connect": EACCES, "bind": EACCES,
+    "io_uring_setup": EPERM, "io_uring_enter": EPERM, "io_uring_register": EPERM,
+    "setsid": EPERM, "setpgid": EPERM, "tkill": EPERM, "pidfd_send_signal": EPERM,
+    "ptrace": EPERM, "process_vm_readv": EPERM, "process_vm_writev": EPERM, "pidfd_getfd": EPERM,
+    "kcmp": EPERM, "perf_event_open": EPERM, "migrate_pages": EPERM, "move_pages": EPERM,
+    "process_madvise": EPERM, "process_mrelease": EPERM,
+}  # fmt: skip
+
+# Syscalls whose first argument is a pid (or -pgid, or -1 for all): denied for protected ones.
+SIGNALLING = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open")
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument word that must equal `value` (after `mask`) for the call to be allowed."""
+
+    index: int
+    value: int
+    mask: int = 0xFFFFFFFF
+    high: bool = False  # the upper 32 bits of a 64-bit argument (a pointer)
+
+
+SELF = (Arg(0, 0),)
+# Allowed only in the form named, else errno: limits, priority, CPU affinity, scheduling and I/O
+# priority of the calling thread itself (pid/who 0), never of another process of the same uid (the
+# service, or another call's code); socketpair only of connected stream sockets (a datagram one can
+# be re-addressed with sendto or connect to any socket path on the host, /dev/log say); sendto
+# without a destination.
+CONDITIONAL: dict[str, tuple[int, tuple[Arg, ...]]] = {
+    "prlimit64": (EPERM, SELF),
+    "sched_setaffinity": (EPERM, SELF),
+    "sched_setscheduler": (EPERM, SELF),
+    "sched_setparam": (EPERM, SELF),
+    "sched_setattr": (EPERM, SELF),
+    "setpriority": (EPERM, (Arg(0, PRIO_PROCESS), Arg(1, 0))),
+    "ioprio_set": (EPERM, (Arg(0, IOPRIO_WHO_PROCESS), Arg(1, 0))),
+    "socketpair": (EACCES, (Arg(1, SOCK_STREAM, SOCK_TYPE_MASK),)),
+    "sendto": (EACCES, (Arg(4, 0), Arg(4, 0, high=True))),
+}
 
 
 @dataclass(frozen=True)
 class Arch:
     audit: int
-    # Denied outright -> errno. socket(2) is the network (every family: a Unix socket path can reach
-    # a host daemon); io_uring can open sockets without socket(2); setsid/setpgid would let a process
-    # leave the group that is killed; tkill and pidfd_send_signal reach processes by a number this
-    # filter cannot check.
-    denied: dict[int, int]
-    # Syscalls whose first argument is a pid (or -pgid, or -1 for all): denied for protected ones.
-    signalling: tuple[int, ...]
+    numbers: dict[str, int]
 
 
-EPERM, EACCES = errno.EPERM, errno.EACCES
 ARCHES: dict[str, Arch] = {
-    "x86_64": Arch(
-        0xC000003E,
-        {41: EACCES, 425: EPERM, 426: EPERM, 427: EPERM, 112: EPERM, 109: EPERM, 200: EPERM, 424: EPERM},
-        (62, 234, 129, 297, 434),  # kill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo, pidfd_open
-    ),
-    "aarch64": Arch(
-        0xC00000B7,
-        {198: EACCES, 425: EPERM, 426: EPERM, 427: EPERM, 157: EPERM, 154: EPERM, 130: EPERM, 424: EPERM},
-        (129, 131, 138, 240, 434),
-    ),
+    "x86_64": Arch(0xC000003E, SYSCALLS["x86_64"]),
+    "aarch64": Arch(0xC00000B7, SYSCALLS["aarch64"]),
 }
 
 
@@ -129,10 +192,13 @@ def drop_capabilities() -> None:
     _check(_libc.capget(ctypes.byref(header), data), "capget")
     if not any(d.permitted or d.effective or d.inheritable for d in data):
         return
-    _check(_prctl(PR_SET_SECUREBITS, SECURE_ALL_BITS_LOCKED), "securebits")
-    cap = 0
-    while _prctl(PR_CAPBSET_DROP, cap) == 0:
-        cap += 1
+    if data[0].effective & (1 << CAP_SETPCAP):
+        # Without CAP_SETPCAP (a non-root service that kept a capability or two) neither is
+        # possible nor needed: with no capability left and no_new_privs, exec grants none.
+        _check(_prctl(PR_SET_SECUREBITS, SECURE_ALL_BITS_LOCKED), "securebits")
+        cap = 0
+        while _prctl(PR_CAPBSET_DROP, cap) == 0:
+            cap += 1
     _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
     _check(_libc.capset(ctypes.byref(header), (CapData * 2)()), "capset")
 
@@ -164,9 +230,10 @@ def landlock(abi: int, read: list[str], write: list[str], devices: list[str]) ->
 
 def seccomp_program(machine: str, protected: tuple[int, ...] = ()) -> list[tuple[int, int, int, int]]:
     """A classic BPF program: another architecture's syscalls kill, denied ones return an errno,
-    and signals (or pidfds) aimed at a `protected` pid or process group (the service, the keeper,
-    -1 for every process) fail with EPERM. Without Landlock's signal scoping the code runs as the
-    service's uid in the fallback mode and could otherwise kill it."""
+    conditional ones return theirs unless their arguments have the allowed form, and signals (or
+    pidfds) aimed at a `protected` pid or process group (the service, the keeper, -1 for every
+    process) fail with EPERM. Without Landlock's signal scoping the code runs as the service's uid
+    in the fallback mode and could otherwise kill it."""
     if machine not in ARCHES:
         raise OSError(errno.ENOSYS, f"no seccomp filter for {machine}")
     arch = ARCHES[machine]
@@ -174,14 +241,29 @@ def seccomp_program(machine: str, protected: tuple[int, ...] = ()) -> list[tuple
     prog.append((BPF_LD_W_ABS, 0, 0, 0))
     if machine == "x86_64":  # the x32 ABI reaches the same syscalls under other numbers
         prog += [(BPF_JGE_K, 0, 1, X32_SYSCALL_BIT), (BPF_RET_K, 0, 0, RET_ERRNO | errno.ENOSYS)]
-    for nr, err in arch.denied.items():
-        prog += [(BPF_JEQ_K, 0, 1, nr), (BPF_RET_K, 0, 0, RET_ERRNO | err)]
+    for name, err in DENIED.items():
+        prog += [(BPF_JEQ_K, 0, 1, arch.numbers[name]), (BPF_RET_K, 0, 0, RET_ERRNO | err)]
+    # Each block below loads an argument over the syscall number, so it ends in a return; a
+    # syscall that differs jumps past the block.
+    for name, (err, args) in CONDITIONAL.items():
+        checks: list[list[tuple[int, int, int, int]]] = []
+        for arg in args:
+            offset = SECCOMP_ARGS + 8 * arg.index + (4 if arg.high else 0)
+            check = [(BPF_LD_W_ABS, 0, 0, offset)]
+            if arg.mask != 0xFFFFFFFF:
+                check.append((BPF_AND_K, 0, 0, arg.mask))
+            checks.append(check)
+        body: list[tuple[int, int, int, int]] = []
+        for i, check in enumerate(checks):
+            # A mismatch jumps to the denial: past the later checks (each ends in a JEQ) and the allow.
+            later = sum(len(c) + 1 for c in checks[i + 1 :])
+            body += [*check, (BPF_JEQ_K, 0, later + 1, args[i].value)]
+        body += [(BPF_RET_K, 0, 0, RET_ALLOW), (BPF_RET_K, 0, 0, RET_ERRNO | err)]
+        prog += [(BPF_JEQ_K, 0, len(body), arch.numbers[name]), *body]
     targets = sorted({pid & 0xFFFFFFFF for pid in protected})
-    for nr in arch.signalling:
-        # Past the block when the syscall differs; the block ends in a return, since it loads the
-        # argument over the syscall number.
-        prog.append((BPF_JEQ_K, 0, 2 + 2 * len(targets), nr))
-        prog.append((BPF_LD_W_ABS, 0, 0, SECCOMP_ARG0_LOW))
+    for name in SIGNALLING:
+        prog.append((BPF_JEQ_K, 0, 2 + 2 * len(targets), arch.numbers[name]))
+        prog.append((BPF_LD_W_ABS, 0, 0, SECCOMP_ARGS))
         for target in targets:
             prog += [(BPF_JEQ_K, 0, 1, target), (BPF_RET_K, 0, 0, RET_ERRNO | errno.EPERM)]
         prog.append((BPF_RET_K, 0, 0, RET_ALLOW))

@@ -12,6 +12,7 @@ import base64
 import os
 import signal
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,27 +113,50 @@ def collect_files(work: str, *, owner: int, max_files: int, max_bytes: int) -> t
     listed: list[ProducedFile] = []
     not_listed = 0
     budget = max_bytes
-    for dirpath, dirnames, filenames in os.walk(work, followlinks=False):
-        dirnames.sort()
-        for name in sorted(filenames):
-            full = os.path.join(dirpath, name)
+    for full in _walk_files(work):
+        try:
+            st = os.lstat(full)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != owner:
+            continue
+        if len(listed) >= min(max_files, MAX_LISTED):
+            not_listed += 1
+            continue
+        entry = ProducedFile(os.path.relpath(full, work), st.st_size)
+        if st.st_size > budget:
+            entry.omitted = "larger than what is left of the size budget for returned files"
+        else:
+            entry.content = _read(full, st.st_size)
+            budget -= len(entry.content)
+        listed.append(entry)
+    return listed, not_listed
+
+
+def _walk_files(top: str) -> Iterator[str]:
+    """Every non-directory entry beneath `top`, depth first in name order (a directory's own
+    entries before its subdirectories'). A loop over an explicit stack: the code decides how deep
+    its directories nest, and a recursive walk fails past Python's recursion limit. Directories
+    that cannot be read (a path past PATH_MAX, permissions the code took away) are skipped."""
+    stack = [top]
+    while stack:
+        directory = stack.pop()
+        try:
+            with os.scandir(directory) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        subdirs = []
+        for entry in entries:
             try:
-                st = os.lstat(full)
+                is_dir = entry.is_dir(follow_symlinks=False)
             except OSError:
                 continue
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != owner:
-                continue
-            if len(listed) >= min(max_files, MAX_LISTED):
-                not_listed += 1
-                continue
-            entry = ProducedFile(os.path.relpath(full, work), st.st_size)
-            if st.st_size > budget:
-                entry.omitted = "larger than what is left of the size budget for returned files"
+            if is_dir:
+                subdirs.append(entry.path)
             else:
-                entry.content = _read(full, st.st_size)
-                budget -= len(entry.content)
-            listed.append(entry)
-    return listed, not_listed
+                yield entry.path
+        stack.extend(reversed(subdirs))
 
 
 def _read(path: str, size: int) -> bytes:

@@ -1,0 +1,294 @@
+"""The sandbox service as a real process, attacked the way a hostile program would: acting on the
+service or on another call's processes, reaching a host socket, nesting directories past Python's
+recursion limit. Three services: namespaces (the service as root, the code as uid 65534), the
+fallback as root, and the fallback with the code on the service's own uid (a non-root service,
+as in a pod whose seccomp profile forbids user namespaces).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import os
+import socket
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from antwort_grpc import pb
+from tests.executors.test_sandbox import Sandbox, _request, _start, _stub, run
+
+# The service on uid 1000 with nothing but CAP_DAC_OVERRIDE kept (so that it can run the test
+# machine's interpreter under /root); the code it starts gets no capability and the same uid.
+SAME_UID = 1000
+AS_SAME_UID = (
+    "setpriv",
+    f"--reuid={SAME_UID}",
+    f"--regid={SAME_UID}",
+    "--clear-groups",
+    "--inh-caps=+dac_override",
+    "--ambient-caps=+dac_override",
+)
+MODES = ("namespaces", "fallback", "fallback_same_uid")
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Sandbox]]:
+    tmp = tmp_path_factory.mktemp("hardening")
+    started = [
+        _start(tmp, "namespaces", timeout_seconds="30", cpu_seconds="10"),
+        _start(tmp, "fallback", namespaces="off", timeout_seconds="30", cpu_seconds="10"),
+        _start(tmp, "same-uid", AS_SAME_UID, namespaces="off", timeout_seconds="30", cpu_seconds="10"),
+    ]
+    try:
+        yield {mode: next(gen) for mode, gen in zip(MODES, started, strict=True)}
+    finally:
+        for gen in started:
+            next(gen, None)
+
+
+@pytest.fixture(params=MODES)
+def box(request: pytest.FixtureRequest, services: dict[str, Sandbox]) -> Sandbox:
+    return services[request.param]
+
+
+@pytest.fixture
+async def stub(box: Sandbox) -> AsyncIterator[pb.ToolExecutorServiceStub]:
+    async for s in _stub(box):
+        yield s
+
+
+def test_the_same_uid_service_runs_the_code_on_its_own_uid(services: dict[str, Sandbox]) -> None:
+    """The premise of the same-uid attacks below."""
+    box = services["fallback_same_uid"]
+    assert os.stat(f"/proc/{box.pid}").st_uid == SAME_UID
+    assert f"uid: {SAME_UID} (the service's)" in box.log.read_text()
+
+
+# Acting on the service or on another call.
+
+_libc = ctypes.CDLL(None, use_errno=True)
+IOPRIO_GET = {"x86_64": 252, "aarch64": 31}[os.uname().machine]
+ATTACK = """
+import ctypes, json, os, resource
+libc = ctypes.CDLL(None, use_errno=True)
+IOPRIO_SET = {{"x86_64": 251, "aarch64": 30}}[os.uname().machine]
+IDLE = 3 << 13
+results = []
+
+def attempt(what, action):
+    try:
+        if action() == -1:
+            raise OSError(ctypes.get_errno(), "")
+        results.append([what, "done"])
+    except OSError as err:
+        results.append([what, os.strerror(err.errno) if err.errno else str(err)])
+
+for pid in {pids}:
+    attempt(f"prlimit cpu {{pid}}", lambda: resource.prlimit(pid, resource.RLIMIT_CPU, (1, 1)))
+    attempt(f"prlimit nofile {{pid}}", lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE, (3, 3)))
+    attempt(f"setpriority {{pid}}", lambda: os.setpriority(os.PRIO_PROCESS, pid, 19))
+    attempt(f"sched_setaffinity {{pid}}", lambda: os.sched_setaffinity(pid, {{0}}))
+    attempt(f"sched_setscheduler {{pid}}", lambda: os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0)))
+    attempt(f"ioprio_set {{pid}}", lambda: libc.syscall(IOPRIO_SET, 1, pid, IDLE))
+attempt("setpriority of the whole uid", lambda: os.setpriority(os.PRIO_USER, 0, 19))
+attempt("setpriority of the service's group", lambda: os.setpriority(os.PRIO_PGRP, {service}, 19))
+attempt("ioprio_set of the whole uid", lambda: libc.syscall(IOPRIO_SET, 3, 0, IDLE))
+attempt("ioprio_set of the service's group", lambda: libc.syscall(IOPRIO_SET, 2, {service}, IDLE))
+# What stays allowed: the code's own limits, priority and affinity.
+attempt("own limit", lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32)))
+attempt("own priority", lambda: os.setpriority(os.PRIO_PROCESS, 0, 5))
+attempt("own affinity", lambda: os.sched_setaffinity(0, os.sched_getaffinity(0)))
+print(json.dumps(results))
+"""
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    limits: str
+    nice: int
+    affinity: frozenset[int]
+    scheduler: int
+    ioprio: int
+
+
+def state(pid: int) -> ProcessState:
+    ioprio = _libc.syscall(IOPRIO_GET, 1, pid)
+    return ProcessState(
+        Path(f"/proc/{pid}/limits").read_text(),
+        os.getpriority(os.PRIO_PROCESS, pid),
+        frozenset(os.sched_getaffinity(pid)),
+        os.sched_getscheduler(pid),
+        ioprio,
+    )
+
+
+def alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def threads(pid: int) -> list[int]:
+    return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+
+
+def code_processes(box: Sandbox) -> list[int]:
+    """The running code's processes (the interpreter running main.py) of the service's calls."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        if cwd.startswith(str(box.workdir_root)) and cmdline[-2:-1] and cmdline[-2].endswith(b"main.py"):
+            found.append(int(pid))
+    return found
+
+
+async def until(check: Callable[[], object], timeout: float = 15.0) -> None:
+    """Poll other processes' state (which sends no event) until `check` holds."""
+    async with asyncio.timeout(timeout):
+        while not check():  # noqa: ASYNC110 - /proc offers nothing to await
+            await asyncio.sleep(0.02)
+
+
+async def test_code_cannot_change_limits_priority_or_scheduling_of_the_service_or_another_call(
+    stub: pb.ToolExecutorServiceStub, box: Sandbox
+) -> None:
+    victim = stub.Execute(_request("import time\ntime.sleep(1000)", call_id="victim"))
+    assert (await victim.read()).progress.message == "started"
+    await until(lambda: code_processes(box))
+    victims = code_processes(box)
+    targets = [box.pid, *threads(box.pid), *victims]
+    before = {pid: state(pid) for pid in targets}
+
+    attack = await run(stub, ATTACK.format(pids=sorted(set(targets)), service=os.getpgid(box.pid)))
+
+    outcomes = dict(json.loads(attack.output["stdout"].splitlines()[-1]))
+    attacks = {k: v for k, v in outcomes.items() if not k.startswith("own ")}
+    assert attacks and all(v != "done" for v in attacks.values()), attacks
+    assert all(outcomes[k] == "done" for k in ("own limit", "own priority", "own affinity")), outcomes
+    if box.log.name.startswith("same-uid"):
+        # On the service's own uid only the filter stands in the way: it says EPERM.
+        assert set(attacks.values()) == {"Operation not permitted"}, attacks
+    for pid, was in before.items():
+        if alive(pid):  # a thread of the service may have ended meanwhile
+            assert state(pid) == was, pid
+    assert code_processes(box) == victims  # the other call still runs
+    victim.cancel()
+    after = await run(stub, "print(6 * 7)")
+    assert after.output["stdout"] == "42\n"
+
+
+# Host sockets.
+
+REACH_SOCKET = """
+import json, socket
+path = {path!r}
+results = []
+
+def attempt(what, action):
+    try:
+        action()
+        results.append([what, "sent"])
+    except OSError as err:
+        results.append([what, type(err).__name__])
+
+def dgram_sendto():
+    a, _ = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.sendto(b"dgram sendto", path)
+
+def dgram_connect():
+    a, _ = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.connect(path)
+    a.send(b"dgram connect")
+
+def seqpacket_sendto():
+    a, _ = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    a.sendto(b"seqpacket sendto", path)
+
+def stream_sendto():
+    a, _ = socket.socketpair()
+    a.sendto(b"stream sendto", path)
+
+def stream_sendmsg():
+    a, _ = socket.socketpair()
+    a.sendmsg([b"stream sendmsg"], [], 0, path)
+
+def stream_connect():
+    a, _ = socket.socketpair()
+    a.connect(path)
+    a.send(b"stream connect")
+
+for f in (dgram_sendto, dgram_connect, seqpacket_sendto, stream_sendto, stream_sendmsg, stream_connect):
+    attempt(f.__name__, f)
+a, b = socket.socketpair()  # what multiprocessing and asyncio use stays usable
+a.send(b"ping")
+results.append(["stream pair", b.recv(4).decode()])
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture
+def host_socket() -> Iterator[tuple[str, socket.socket]]:
+    """A datagram socket like /dev/log, in a directory everyone may enter, open to everyone."""
+    directory = tempfile.mkdtemp(prefix="antwort-host-socket-")
+    os.chmod(directory, 0o777)
+    path = os.path.join(directory, "log")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    os.chmod(path, 0o777)
+    try:
+        yield path, sock
+    finally:
+        sock.close()
+        os.unlink(path)
+        os.rmdir(directory)
+
+
+async def test_code_cannot_reach_a_host_datagram_socket_by_its_path(
+    stub: pb.ToolExecutorServiceStub, box: Sandbox, host_socket: tuple[str, socket.socket]
+) -> None:
+    path, sock = host_socket
+    result = await run(stub, REACH_SOCKET.format(path=path))
+    outcomes = dict(json.loads(result.output["stdout"].splitlines()[-1]))
+    assert "sent" not in outcomes.values(), outcomes
+    assert outcomes["stream pair"] == "ping"
+    with pytest.raises(BlockingIOError):
+        print(sock.recv(4096, socket.MSG_DONTWAIT))
+
+
+# Deep directories.
+
+NEST = """
+import os
+for _ in range({depth}):
+    os.mkdir({name!r})
+    os.chdir({name!r})
+open("bottom.txt", "w").write("deep")
+"""
+
+
+@pytest.mark.parametrize(("depth", "name"), [(1200, "d"), (100, "n" * 200)])
+async def test_deeply_nested_directories_return_normally_and_are_removed(
+    stub: pb.ToolExecutorServiceStub, box: Sandbox, depth: int, name: str
+) -> None:
+    result = await run(stub, NEST.format(depth=depth, name=name))
+    assert not result.is_error, result.output
+    files = result.output["files"]
+    if len(name) == 1:  # within PATH_MAX: listed
+        assert [f["path"] for f in files] == ["/".join([name] * depth + ["bottom.txt"])]
+    else:  # past PATH_MAX: not listed, no failure
+        assert files == []
+    assert os.listdir(box.workdir_root) == []
+
+
+async def test_a_deep_tree_the_code_made_unreadable_is_removed(stub: pb.ToolExecutorServiceStub, box: Sandbox) -> None:
+    code = "import os\nwork = os.getcwd()\n" + NEST.format(depth=1200, name="d") + "os.chdir(work)\nos.chmod('d', 0)\n"
+    result = await run(stub, code)
+    assert not result.is_error, result.output
+    assert os.listdir(box.workdir_root) == []
