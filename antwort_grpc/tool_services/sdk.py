@@ -39,6 +39,7 @@ from antwort_grpc.errors import RequestError
 from antwort_grpc.executors.base import ProgressSink
 from antwort_grpc.observability import tracing
 from antwort_grpc.status import abort
+from antwort_grpc.tool_services.reaper import reaping_if_init
 
 log = logging.getLogger(__name__)
 
@@ -218,13 +219,15 @@ async def serve_executor(service: ExecutorService, listen: str = "127.0.0.1:0") 
 
 
 async def run_executor(service: ExecutorService, listen: str, grace: float = 10.0) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully."""
-    running = await serve_executor(service, listen)
-    print(f"antwort-grpc executor {service.name} serving on {running.target}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await running.stop(grace)
+    """Serve until SIGTERM or SIGINT, then shut down gracefully. As pid 1 (a container without an
+    init) it also reaps orphaned processes."""
+    async with reaping_if_init():
+        running = await serve_executor(service, listen)
+        print(f"antwort-grpc executor {service.name} serving on {running.target}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await running.stop(grace)
     tracing.shutdown()

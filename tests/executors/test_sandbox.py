@@ -176,7 +176,7 @@ async def assert_contained(stub: pb.ToolExecutorServiceStub, box: Sandbox, resul
     assert leftover_processes(box) == []
     assert entries(box.workdir_root) == []
     after = await run(stub, "print(6 * 7)")
-    assert (after.is_error, after.output["stdout"], after.output["exit_code"]) == (False, "42\n", 0)
+    assert (after.is_error, after.output["stdout"], after.output["exit_code"]) == (False, "42\n", 0), after.raw
 
 
 # What the service offers.

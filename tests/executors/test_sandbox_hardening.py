@@ -8,19 +8,24 @@ as in a pod whose seccomp profile forbids user namespaces).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import pytest
 
 from antwort_grpc import pb
-from tests.executors.test_sandbox import Sandbox, _request, _start, _stub, run
+from tests.executors.test_sandbox import ROOT, Sandbox, _request, _start, _stub, run
 
 # The service on uid 1000 with nothing but CAP_DAC_OVERRIDE kept (so that it can run the test
 # machine's interpreter under /root); the code it starts gets no capability and the same uid.
@@ -292,3 +297,95 @@ async def test_a_deep_tree_the_code_made_unreadable_is_removed(stub: pb.ToolExec
     result = await run(stub, code)
     assert not result.is_error, result.output
     assert os.listdir(box.workdir_root) == []
+
+
+# As pid 1 (a container started without an init).
+
+AS_PID_1 = ("unshare", "--pid", "--fork", "--mount-proc")
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            found += [int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+    return found
+
+
+def ns_pids(pid: int) -> list[int]:
+    """The process's pid in each pid namespace it is in, outermost first."""
+    return [int(p) for p in Path(f"/proc/{pid}/status").read_text().split("NSpid:")[1].splitlines()[0].split()]
+
+
+def zombies_of(pid: int) -> list[int]:
+    found = []
+    for child in children(pid):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                found.append(child)
+    return found
+
+
+@pytest.fixture(scope="module", params=["namespaces", "fallback"])
+def as_pid_1(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    """The service as pid 1 of its own pid namespace; `pid` is its pid as seen from here."""
+    mode = {"namespaces": "auto", "fallback": "off"}[request.param]
+    for box in _start(tmp_path_factory.mktemp("pid1"), f"pid1-{request.param}", AS_PID_1, namespaces=mode):
+        [service] = children(box.pid)  # unshare's one child
+        yield Sandbox(box.target, service, box.workdir_root, box.log)
+        os.kill(service, signal.SIGTERM)  # unshare holds SIGTERM back; the service stops on it
+
+
+async def test_as_pid_1_calls_stopped_by_a_limit_leave_no_zombies(as_pid_1: Sandbox) -> None:
+    assert ns_pids(as_pid_1.pid) == [as_pid_1.pid, 1]
+    async for stub in _stub(as_pid_1):
+        timed_out = await run(stub, "import subprocess, time\nsubprocess.Popen(['sleep', '1000'])\ntime.sleep(1000)")
+        assert timed_out.output["limit"] == "timeout"
+        capped = await run(stub, "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)")
+        assert capped.output["limit"] == "output"
+        burst = [run(stub, "import time\ntime.sleep(1000)") for _ in range(3)]
+        assert {r.output["limit"] for r in await asyncio.gather(*burst)} == {"timeout"}
+    # The reaper scans once a second; what it leaves for good stays.
+    await until(lambda: not zombies_of(as_pid_1.pid), timeout=10)
+    assert children(as_pid_1.pid) == []
+
+
+# Started as root with the service's interpreter out of uid 65534's reach (pyenv under /root).
+
+
+def sandbox_command(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("ANTWORT_SANDBOX_")}
+    environment.update(PYTHONPATH=str(ROOT), **env)
+    cli = [sys.executable, "-m", "antwort_grpc.cli", "executor", "sandbox", "--listen", "127.0.0.1:0"]
+    return subprocess.Popen(cli, cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def unreachable_for_nobody(path: str) -> bool:
+    # Through env: setpriv execs its command with the capabilities it still had.
+    probe = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", "env", path, "-c", "pass"]
+    return subprocess.run(probe, capture_output=True, check=False).returncode != 0
+
+
+async def test_as_root_the_sandbox_runs_code_on_an_interpreter_its_uid_can_execute() -> None:
+    assert unreachable_for_nobody(sys.executable)  # the premise: the service's own one is out of reach
+    proc = sandbox_command({})
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().decode()
+        assert "serving on" in line
+        async with grpc.aio.insecure_channel(line.rsplit(" ", 1)[-1].strip()) as channel:
+            result = await run(pb.ToolExecutorServiceStub(channel), "import sys\nprint(sys.executable)")
+        assert result.output["stdout"] == "/usr/bin/python3\n"
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=15)
+    assert b"set ANTWORT_SANDBOX_PYTHON to choose another" in err
+
+
+def test_an_interpreter_chosen_explicitly_that_its_uid_cannot_run_is_a_one_line_error() -> None:
+    proc = sandbox_command({"ANTWORT_SANDBOX_PYTHON": sys.executable})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and out == b""
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    assert "cannot run" in lines[0] and "set ANTWORT_SANDBOX_PYTHON" in lines[0]

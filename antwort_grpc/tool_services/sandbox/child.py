@@ -310,9 +310,20 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     _prctl(PR_SET_DUMPABLE, 0)
     setup_r, setup_w = os.pipe()  # close-on-exec: end-of-file once the code's interpreter runs
     protected = protected_pids()
+    # The stop request (SIGTERM) is handled from before the fork on: as pid 1 of a pid namespace
+    # this process would otherwise ignore it, and outside one die of it and orphan the code.
+    code = {"pid": 0, "stop": False}
+
+    def on_stop(*_: object) -> None:
+        code["stop"] = True
+        if code["pid"]:
+            _kill_group(code["pid"])
+
+    signal.signal(signal.SIGTERM, on_stop)
     pid = os.fork()
     if pid == 0:
         try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.close(setup_r)
             os.setpgid(0, 0)
             harden(config, protected)
@@ -324,7 +335,9 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     os.close(setup_w)
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)  # also here, so that the group exists before a SIGTERM can ask for its end
-    signal.signal(signal.SIGTERM, lambda *_: _kill_group(pid))
+    code["pid"] = pid
+    if code["stop"]:
+        _kill_group(pid)
     setup_error = os.read(setup_r, 4096).decode(errors="replace")
     status = None
     while True:

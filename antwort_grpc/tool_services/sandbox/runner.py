@@ -70,12 +70,11 @@ class Runner:
             await _remove(workdir.root)
 
     def _end_code(self, pid: int) -> None:
-        """Stop the code now. In namespaces, killing the group takes the pid namespace with it; in
-        the fallback the child's keeper kills the code's group and reaps it, then exits."""
-        if self.isolation.unshare:
-            _kill_group(pid)
-        else:
-            _signal(pid, signal.SIGTERM)
+        """Stop the code now: the keeper kills the code's group, reaps it and exits. SIGTERM to the
+        child's group: unshare (namespaces) holds it back and waits for the keeper, pid 1 of the
+        namespace, whose handler does the work. Killing unshare outright would hand the keeper to
+        the service's pid 1 as an orphan instead."""
+        _signal_group(pid, signal.SIGTERM)
 
     async def _ended(self, proc: asyncio.subprocess.Process) -> None:
         """Wait for the child to exit (it reaps the code's processes first); kill what does not."""
@@ -163,13 +162,12 @@ class Runner:
 
 
 def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+    _signal_group(pgid, signal.SIGKILL)
 
 
-def _signal(pid: int, sig: signal.Signals) -> None:
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
+        os.killpg(pgid, sig)
 
 
 def _read_status(fd: int) -> dict[str, Any]:

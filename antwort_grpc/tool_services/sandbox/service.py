@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -52,6 +53,12 @@ if os.environ.keys() - {"LC_CTYPE"}:
     raise SystemExit("the environment is not empty")
 print("ok")
 """
+
+
+# What the child (child.py) imports, asked of a candidate interpreter.
+_NEEDS = "import ctypes, json, resource, signal"
+# Interpreters any uid can usually run, tried when the service's own one is out of the code's reach.
+SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 
 
 class SandboxError(RuntimeError):
@@ -118,13 +125,16 @@ class SandboxService(ExecutorService):
 
 async def prepare_runner(s: SandboxSettings, limits: Limits) -> Runner:
     """The strongest isolation this machine allows that passes the self-test, or SandboxError."""
-    prefixes = await interpreter_prefixes(s.python)
-    read_paths = tuple(dict.fromkeys([*SYSTEM_READ_PATHS, *prefixes, *s.read_paths]))
     run_as = s.user if os.geteuid() == 0 else None
     setpriv = shutil.which("setpriv") if run_as is not None else None
     if run_as is not None and setpriv is None:
         raise SandboxError(f"running as root, the sandbox needs setpriv (util-linux) to run code as uid {run_as}")
-    fallback = Isolation(s.python, None, landlock_abi(), run_as, read_paths, setpriv)
+    python = s.python
+    if run_as is not None and setpriv is not None:
+        python = await _interpreter_for(run_as, setpriv, s.python, chosen="python" in s.model_fields_set)
+    prefixes = await interpreter_prefixes(python)
+    read_paths = tuple(dict.fromkeys([*SYSTEM_READ_PATHS, *prefixes, *s.read_paths]))
+    fallback = Isolation(python, None, landlock_abi(), run_as, read_paths, setpriv)
     if not fallback.landlock_abi:
         log.warning("no Landlock in this kernel: the code can read and write whatever its uid can")
     unshare = shutil.which("unshare") if s.namespaces != "off" else None
@@ -147,6 +157,52 @@ async def prepare_runner(s: SandboxSettings, limits: Limits) -> Runner:
     if run_as is not None:
         hint = f" (the code runs as uid {run_as}: can it execute {s.python}? set ANTWORT_SANDBOX_PYTHON)"
     raise SandboxError("the sandbox cannot run code here: " + "; ".join(failures) + hint)
+
+
+async def _interpreter_for(uid: int, setpriv: str, python: str, *, chosen: bool) -> str:
+    """An interpreter that `uid` can run with what the sandbox needs: `python`, or, when that was
+    not chosen explicitly (the service's own one, under /root say, which uid 65534 cannot enter),
+    the system's. SandboxError with the one setting to change otherwise."""
+    problem = await _runs_as(uid, setpriv, python)
+    if problem is None:
+        return python
+    if not chosen:
+        for candidate in SYSTEM_PYTHONS:
+            if candidate != python and await _runs_as(uid, setpriv, candidate) is None:
+                log.warning(
+                    "uid %d cannot run the service's interpreter %s (%s): the code runs with %s; "
+                    "set ANTWORT_SANDBOX_PYTHON to choose another",
+                    uid,
+                    python,
+                    problem,
+                    candidate,
+                )
+                return candidate
+    raise SandboxError(
+        f"uid {uid} (ANTWORT_SANDBOX_USER) cannot run {python} ({problem}): set ANTWORT_SANDBOX_PYTHON to an "
+        "interpreter it can execute, e.g. /usr/bin/python3"
+    )
+
+
+async def _runs_as(uid: int, setpriv: str, python: str) -> str | None:
+    """None when `uid` can start `python` and import what the sandbox's child needs, else why not."""
+    # Through env: setpriv itself execs with the capabilities it had, so only a second exec, as the
+    # sandbox's own chain does, shows what the uid alone can reach.
+    env = shutil.which("env") or "/usr/bin/env"
+    drop = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    argv = [*drop, env, python, "-I", "-S", "-c", _NEEDS]
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE, env={}, cwd="/",
+        )  # fmt: skip
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    except (OSError, TimeoutError) as error:
+        return str(error)
+    if proc.returncode == 0:
+        return None
+    lines = err.decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else f"exit status {proc.returncode}"
 
 
 def _code(arguments: str, max_bytes: int) -> str | pb.FunctionCallOutput:
