@@ -41,6 +41,12 @@ class GatewaySettings(BaseSettings):
     # "memory", "sqlite:///path/file.db" or "postgresql://…"; empty: SQLite under data_dir.
     store: str = ""
     history_max_depth: int = 100
+    # What one request may hold (README: Limits); checked before any work starts.
+    max_tools: int = 128
+    max_schema_bytes: int = 64 * 1024
+    max_schema_depth: int = 20
+    max_input_items: int = 2048
+    max_metadata: int = 16
     response_ttl_seconds: float | None = None
     # Seconds between store upkeep: heartbeat, sweep of responses a dead replica left, TTL purge.
     store_maintenance_seconds: float = 5.0

@@ -35,5 +35,16 @@ def invalid_argument(violations: list[FieldViolation]) -> RequestError:
 
 
 def not_found(what: str, ident: str, field: str = "") -> RequestError:
-    violations = [FieldViolation(field, f"{what} {ident!r} not found")] if field else []
-    return RequestError(grpc.StatusCode.NOT_FOUND, f"{what} {ident!r} not found", violations, "not_found")
+    message = f"{what} {shorten(ident)!r} not found"
+    violations = [FieldViolation(field, message)] if field else []
+    return RequestError(grpc.StatusCode.NOT_FOUND, message, violations, "not_found")
+
+
+# How much of a client's value an error message repeats back.
+ECHO_CHARS = 64
+
+
+def shorten(text: str, limit: int = ECHO_CHARS) -> str:
+    """`text`, cut to `limit` characters (marked with …): errors name what was sent without
+    repeating a huge value back."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"

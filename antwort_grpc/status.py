@@ -9,29 +9,50 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from antwort_grpc.errors import RequestError
+from antwort_grpc.errors import FieldViolation, RequestError, shorten
 
 DOMAIN = "antwort.v1"
 
+# C-core clients (Python, C++, Ruby, PHP, …) drop a status whose trailers pass their metadata
+# limit (8 KiB soft, 16 KiB hard by default) and report RESOURCE_EXHAUSTED instead of the error.
+# The message travels twice (grpc-message, and inside the details) and the details grow by a third
+# in base64, so a status is summarised to stay well below 8 KiB: the message cut, each violation
+# cut, and the violations past the budget counted in one last entry.
+MAX_MESSAGE_CHARS = 512
+MAX_DETAILS_BYTES = 3072
+MAX_FIELD_CHARS = 128
+MAX_DESCRIPTION_CHARS = 256
+# Room kept in the budget for the ErrorInfo, protobuf framing and the "… more" entry.
+_RESERVED_BYTES = 256
+
 
 def to_status(err: RequestError) -> grpc.Status:
+    message = shorten(err.message, MAX_MESSAGE_CHARS)
     details = []
     if err.violations:
-        bad = error_details_pb2.BadRequest(
-            field_violations=[
-                error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
-                for v in err.violations
-            ]
-        )
         packed = any_pb2.Any()
-        packed.Pack(bad)
+        packed.Pack(_bad_request(err.violations, MAX_DETAILS_BYTES - _RESERVED_BYTES - len(message.encode())))
         details.append(packed)
     if err.reason:
         packed = any_pb2.Any()
         packed.Pack(error_details_pb2.ErrorInfo(reason=err.reason, domain=DOMAIN))
         details.append(packed)
-    status = status_pb2.Status(code=err.code.value[0], message=err.message, details=details)
+    status = status_pb2.Status(code=err.code.value[0], message=message, details=details)
     return rpc_status.to_status(status)
+
+
+def _bad_request(violations: list[FieldViolation], budget: int) -> error_details_pb2.BadRequest:
+    bad = error_details_pb2.BadRequest()
+    for n, v in enumerate(violations):
+        field = shorten(v.field, MAX_FIELD_CHARS)
+        description = shorten(v.description, MAX_DESCRIPTION_CHARS)
+        # Each entry costs its two strings plus a few bytes of tags and lengths.
+        budget -= len(field.encode()) + len(description.encode()) + 8
+        if budget < 0:
+            bad.field_violations.add(description=f"… and {len(violations) - n} more problems")
+            break
+        bad.field_violations.add(field=field, description=description)
+    return bad
 
 
 async def abort(context: Any, err: RequestError) -> None:

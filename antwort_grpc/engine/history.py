@@ -10,6 +10,10 @@ from antwort_grpc import pb
 from antwort_grpc.errors import FieldViolation, RequestError, not_found
 from antwort_grpc.storage.base import ResponseStore, StoredResponse
 
+# The most a chain may hold (its responses' input and output, serialized), so a request cannot
+# make the gateway load without bound; measured as the chain is read, so it stops at the cap.
+HISTORY_MAX_BYTES = 16 * 1024 * 1024
+
 
 @dataclass(slots=True)
 class History:
@@ -20,15 +24,18 @@ class History:
     model_call_ids: set[str] = field(default_factory=set)
 
 
-async def load_history(store: ResponseStore, previous_id: str, *, owner: str, max_depth: int) -> History:
+async def load_history(
+    store: ResponseStore, previous_id: str, *, owner: str, max_depth: int, max_bytes: int = HISTORY_MAX_BYTES
+) -> History:
     """The conversation so far, from the chain of responses ending at `previous_id`.
 
     Raises NOT_FOUND for a missing link, FAILED_PRECONDITION for a response that is still running,
-    a cycle, or a chain longer than `max_depth`.
+    a cycle, a chain longer than `max_depth` or one holding more than `max_bytes`.
     """
     chain: list[StoredResponse] = []
     seen: set[str] = set()
     current = previous_id
+    size = 0
     while current:
         if current in seen:
             raise _precondition(f"previous_response_id chain has a cycle at {current!r}")
@@ -44,6 +51,9 @@ async def load_history(store: ResponseStore, previous_id: str, *, owner: str, ma
             pb.ResponseStatus.RESPONSE_STATUS_QUEUED,
         ):
             raise _precondition(f"response {current!r} is still in progress")
+        size += record.response.ByteSize() + sum(item.ByteSize() for item in record.input_items)
+        if size > max_bytes:
+            raise _precondition(f"previous_response_id chain holds more than {max_bytes} bytes of input and output")
         chain.append(record)
         seen.add(current)
         current = record.response.previous_response_id

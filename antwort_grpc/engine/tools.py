@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +31,10 @@ class ToolSet:
         return frozenset(name for name, r in self.routes.items() if r.executor is not None)
 
 
+# How many tools of one request are looked up (CanExecute on remote executors) at once.
+LOOKUP_CONCURRENCY = 16
+
+
 def is_server_side(executor: ToolExecutor) -> bool:
     return bool(executor.kind != pb.ToolKind.TOOL_KIND_FUNCTION)
 
@@ -39,31 +44,21 @@ async def resolve_tools(tools: Sequence[pb.Tool], executors: Sequence[ToolExecut
     claims it, else on the client; a hosted tool (MCP server, code interpreter) expands into the
     functions its executor offers. Only tools the request names are ever offered."""
     result = ToolSet()
-    servers = [e for e in executors if is_server_side(e)]
-    for position, tool in enumerate(tools):
-        kind = tool.WhichOneof("kind")
-        if kind == "function":
-            owner = None
-            for executor in servers:
-                if await executor.can_execute(tool):
-                    owner = executor
-                    break
+    owners = await _owners(tools, [e for e in executors if is_server_side(e)])
+    for position, (tool, owner) in enumerate(zip(tools, owners, strict=True)):
+        if tool.WhichOneof("kind") == "function":
             result.routes[tool.function.name] = Route(tool, owner)
             result.functions.append(tool.function)
             continue
-        source = None
-        for executor in servers:
-            if isinstance(executor, HostedToolSource) and await executor.can_execute(tool):
-                source = executor
-                break
-        if source is None:
+        if owner is None:
             raise RequestError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"no tool executor serves {_describe(tool)}",
                 [FieldViolation(f"tools[{position}]", f"no tool executor serves {_describe(tool)}")],
                 "tool_unavailable",
             )
-        for function in await source.functions_for(tool):
+        assert isinstance(owner, HostedToolSource)
+        for function in await owner.functions_for(tool):
             if function.name in result.routes:
                 raise RequestError(
                     grpc.StatusCode.INVALID_ARGUMENT,
@@ -71,9 +66,32 @@ async def resolve_tools(tools: Sequence[pb.Tool], executors: Sequence[ToolExecut
                     [FieldViolation(f"tools[{position}]", f"tool name {function.name!r} is offered twice")],
                     "invalid_request",
                 )
-            result.routes[function.name] = Route(tool, source)
+            result.routes[function.name] = Route(tool, owner)
             result.functions.append(function)
     return result
+
+
+async def _owners(tools: Sequence[pb.Tool], servers: Sequence[ToolExecutor]) -> list[ToolExecutor | None]:
+    """For each tool, in order, the first server-side executor that claims it (a hosted tool: the
+    first that is also a HostedToolSource). Tools are looked up concurrently, up to
+    LOOKUP_CONCURRENCY at once: with remote executors each lookup may be a CanExecute round trip."""
+    if not servers:
+        return [None] * len(tools)
+    limit = asyncio.Semaphore(LOOKUP_CONCURRENCY)
+
+    async def owner(tool: pb.Tool) -> ToolExecutor | None:
+        function = tool.WhichOneof("kind") == "function"
+        async with limit:
+            for executor in servers:
+                if (function or isinstance(executor, HostedToolSource)) and await executor.can_execute(tool):
+                    return executor
+        return None
+
+    if len(tools) == 1:
+        return [await owner(tools[0])]
+    async with asyncio.TaskGroup() as group:
+        lookups = [group.create_task(owner(tool)) for tool in tools]
+    return [lookup.result() for lookup in lookups]
 
 
 def _describe(tool: pb.Tool) -> str:

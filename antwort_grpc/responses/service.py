@@ -18,7 +18,8 @@ from antwort_grpc.engine import Engine
 from antwort_grpc.engine.run import Run
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument, not_found
 from antwort_grpc.responses.controls import validate_control
-from antwort_grpc.responses.validation import validate_create
+from antwort_grpc.responses.limits import DEFAULT_LIMITS, Limits
+from antwort_grpc.responses.validation import check_create, check_id
 from antwort_grpc.storage.base import RUNNING, CancelSignals, ControlSignals, ResponseStore, StoredResponse
 
 S = pb.ResponseStatus
@@ -30,9 +31,10 @@ CANCEL_POLL = (0.01, 0.2)
 
 
 class Responses:
-    def __init__(self, engine: Engine, store: ResponseStore) -> None:
+    def __init__(self, engine: Engine, store: ResponseStore, limits: Limits = DEFAULT_LIMITS) -> None:
         self.engine = engine
         self.store = store
+        self.limits = limits
 
     async def create(
         self,
@@ -43,9 +45,7 @@ class Responses:
         controller: bool = False,
     ) -> Run:
         """A started (and stored) response; iterate `run.events()` to run it."""
-        violations = validate_create(request)
-        if violations:
-            raise invalid_argument(violations)
+        await check_create(request, self.limits)
         return await self.engine.start(request, owner=owner, timeout=timeout, controller=controller)
 
     async def get(self, response_id: str, owner: str = "") -> pb.Response:
@@ -184,8 +184,10 @@ def rejected_error(rejected: pb.ControlRejected) -> RequestError:
 
 
 def _require_id(response_id: str) -> None:
-    if not response_id:
-        raise invalid_argument([FieldViolation("response_id", "required")])
+    violations = [FieldViolation("response_id", "required")] if not response_id else []
+    check_id("response_id", response_id, violations)
+    if violations:
+        raise invalid_argument(violations)
 
 
 def _unreachable(response_id: str, reason: str = "control_unreachable") -> RequestError:

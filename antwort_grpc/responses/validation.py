@@ -1,51 +1,79 @@
 """Checks of a CreateResponseRequest before anything runs: every problem, with the field it is in.
 
-Pure: returns the violations; the servicer turns them into INVALID_ARGUMENT with
-google.rpc.BadRequest details.
+`validate_create` is pure: it returns the violations. `check_create` raises them as
+INVALID_ARGUMENT (google.rpc.BadRequest details), and checks a large request in a worker thread so
+the event loop (and every other stream) never waits on it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterable
 
 from google.protobuf.duration_pb2 import Duration
-from google.protobuf.json_format import MessageToDict
-from jsonschema import exceptions as schema_errors
-from jsonschema.validators import validator_for
 
 from antwort_grpc import pb
 from antwort_grpc.engine.limits import ServerLimits
-from antwort_grpc.errors import FieldViolation
+from antwort_grpc.errors import FieldViolation, invalid_argument, shorten
+from antwort_grpc.responses.limits import DEFAULT_LIMITS, MAX_ID_CHARS, Limits
+from antwort_grpc.responses.schemas import parameters_problem
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-MAX_METADATA = 16
+MAX_LABEL_CHARS = 64
+# Beyond these a request is checked in a worker thread: the cost is mostly uncached schema checks
+# (about 2 ms each) and a Python walk over the items.
+_THREAD_TOOLS = 8
+_THREAD_ITEMS = 256
 
 
-def validate_create(request: pb.CreateResponseRequest) -> list[FieldViolation]:
+async def check_create(request: pb.CreateResponseRequest, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Raise INVALID_ARGUMENT with every problem of `request`, if it has any."""
+    items = request.input_items.items if request.WhichOneof("input") == "input_items" else ()
+    if len(request.tools) > _THREAD_TOOLS or len(items) > _THREAD_ITEMS:
+        violations = await asyncio.to_thread(validate_create, request, limits)
+    else:
+        violations = validate_create(request, limits)
+    if violations:
+        raise invalid_argument(violations)
+
+
+def validate_create(request: pb.CreateResponseRequest, limits: Limits = DEFAULT_LIMITS) -> list[FieldViolation]:
     v: list[FieldViolation] = []
-    _check_input(request, v)
-    function_names = _check_tools(request.tools, v)
-    hosted = any(t.WhichOneof("kind") != "function" for t in request.tools)
-    if request.HasField("tool_choice"):
-        _check_choice(request.tool_choice, function_names, hosted, bool(request.tools), v)
+    check_id("model", request.model, v)
+    check_id("previous_response_id", request.previous_response_id, v)
+    _check_input(request, limits, v)
+    if len(request.tools) > limits.max_tools:
+        # Not looked at one by one: that is the work the limit is there to bound.
+        v.append(FieldViolation("tools", f"at most {limits.max_tools} tools (this request has {len(request.tools)})"))
+    else:
+        function_names = _check_tools(request.tools, limits, v)
+        hosted = any(t.WhichOneof("kind") != "function" for t in request.tools)
+        if request.HasField("tool_choice"):
+            _check_choice(request.tool_choice, function_names, hosted, limits, v)
     if request.HasField("max_output_tokens") and request.max_output_tokens <= 0:
         v.append(FieldViolation("max_output_tokens", "must be positive"))
     if request.HasField("temperature") and not 0.0 <= request.temperature <= 2.0:
         v.append(FieldViolation("temperature", "must be between 0 and 2"))
     if request.HasField("top_p") and not 0.0 <= request.top_p <= 1.0:
         v.append(FieldViolation("top_p", "must be between 0 and 1"))
-    if len(request.metadata) > MAX_METADATA:
-        v.append(FieldViolation("metadata", f"at most {MAX_METADATA} entries"))
-    for key, value in request.metadata.items():
-        if len(key) > 64:
-            v.append(FieldViolation(f"metadata[{key[:20]}…]", "keys are at most 64 characters"))
-        if len(value) > 512:
-            v.append(FieldViolation(f"metadata[{key}]", "values are at most 512 characters"))
+    if len(request.metadata) > limits.max_metadata:
+        v.append(FieldViolation("metadata", f"at most {limits.max_metadata} entries"))
+    else:
+        for key, value in request.metadata.items():
+            if len(key) > 64:
+                v.append(FieldViolation(f"metadata[{shorten(key, 20)}]", "keys are at most 64 characters"))
+            if len(value) > 512:
+                v.append(FieldViolation(f"metadata[{shorten(key, 20)}]", "values are at most 512 characters"))
     return v
 
 
-def _check_input(request: pb.CreateResponseRequest, v: list[FieldViolation]) -> None:
+def check_id(field: str, value: str, v: list[FieldViolation]) -> None:
+    if len(value) > MAX_ID_CHARS:
+        v.append(FieldViolation(field, f"at most {MAX_ID_CHARS} characters"))
+
+
+def _check_input(request: pb.CreateResponseRequest, limits: Limits, v: list[FieldViolation]) -> None:
     which = request.WhichOneof("input")
     if which == "input_text":
         if not request.input_text.strip() and not request.previous_response_id:
@@ -54,12 +82,20 @@ def _check_input(request: pb.CreateResponseRequest, v: list[FieldViolation]) -> 
     items = request.input_items.items if which == "input_items" else []
     if not items and not request.previous_response_id:
         v.append(FieldViolation("input", "required: input_text or input_items (or a previous_response_id)"))
+    if len(items) > limits.max_input_items:
+        v.append(
+            FieldViolation(
+                "input_items.items", f"at most {limits.max_input_items} items (this request has {len(items)})"
+            )
+        )
+        return
     for n, item in enumerate(items):
         _check_item(item, f"input_items.items[{n}]", v)
 
 
 def _check_item(item: pb.Item, at: str, v: list[FieldViolation]) -> None:
     kind = item.WhichOneof("kind")
+    check_id(f"{at}.id", item.id, v)
     if kind is None:
         v.append(FieldViolation(at, "an item needs one of message, function_call, function_call_output, reasoning"))
     elif kind == "message":
@@ -76,13 +112,16 @@ def _check_item(item: pb.Item, at: str, v: list[FieldViolation]) -> None:
     elif kind == "function_call":
         if not item.function_call.call_id:
             v.append(FieldViolation(f"{at}.function_call.call_id", "required"))
+        check_id(f"{at}.function_call.call_id", item.function_call.call_id, v)
         if not item.function_call.name:
             v.append(FieldViolation(f"{at}.function_call.name", "required"))
-    elif kind == "function_call_output" and not item.function_call_output.call_id:
-        v.append(FieldViolation(f"{at}.function_call_output.call_id", "required"))
+    elif kind == "function_call_output":
+        if not item.function_call_output.call_id:
+            v.append(FieldViolation(f"{at}.function_call_output.call_id", "required"))
+        check_id(f"{at}.function_call_output.call_id", item.function_call_output.call_id, v)
 
 
-def _check_tools(tools: Iterable[pb.Tool], v: list[FieldViolation]) -> set[str]:
+def _check_tools(tools: Iterable[pb.Tool], limits: Limits, v: list[FieldViolation]) -> set[str]:
     names: set[str] = set()
     labels: set[str] = set()
     for n, tool in enumerate(tools):
@@ -98,37 +137,29 @@ def _check_tools(tools: Iterable[pb.Tool], v: list[FieldViolation]) -> set[str]:
                 v.append(FieldViolation(f"{at}.function.name", f"duplicate tool name {name!r}"))
             names.add(name)
             if tool.function.HasField("parameters"):
-                problem = schema_problem(MessageToDict(tool.function.parameters))
+                problem = parameters_problem(
+                    tool.function.parameters, max_bytes=limits.max_schema_bytes, max_depth=limits.max_schema_depth
+                )
                 if problem:
                     v.append(FieldViolation(f"{at}.function.parameters", problem))
         elif kind == "mcp":
             label = tool.mcp.server_label
             if not label:
                 v.append(FieldViolation(f"{at}.mcp.server_label", "required"))
+            elif len(label) > MAX_LABEL_CHARS:
+                v.append(FieldViolation(f"{at}.mcp.server_label", f"at most {MAX_LABEL_CHARS} characters"))
             elif label in labels:
                 v.append(FieldViolation(f"{at}.mcp.server_label", f"duplicate MCP server {label!r}"))
             labels.add(label)
     return names
 
 
-def schema_problem(schema: dict[str, object]) -> str:
-    """Why `schema` is not a usable JSON Schema for function arguments ("" when it is)."""
-    if schema.get("type", "object") != "object":
-        return "the arguments schema must have type 'object'"
-    try:
-        validator_for(schema).check_schema(schema)
-    except schema_errors.SchemaError as err:
-        path = "/".join(str(p) for p in err.path)
-        return f"not a valid JSON Schema: {err.message}" + (f" (at {path})" if path else "")
-    return ""
-
-
 def _check_choice(
-    choice: pb.ToolChoice, names: set[str], hosted: bool, has_tools: bool, v: list[FieldViolation]
+    choice: pb.ToolChoice, names: set[str], hosted: bool, limits: Limits, v: list[FieldViolation]
 ) -> None:
     which = choice.WhichOneof("choice")
     if which == "mode":
-        if choice.mode == pb.ToolChoiceMode.TOOL_CHOICE_MODE_REQUIRED and not has_tools:
+        if choice.mode == pb.ToolChoiceMode.TOOL_CHOICE_MODE_REQUIRED and not (names or hosted):
             v.append(FieldViolation("tool_choice.mode", "required needs at least one tool"))
     elif which == "function":
         # Hosted tools expand into functions only once their executor answers: checked later.
@@ -137,19 +168,19 @@ def _check_choice(
         elif choice.function.name not in names and not hosted:
             v.append(
                 FieldViolation(
-                    "tool_choice.function.name", f"{choice.function.name!r} is not one of the request's tools"
+                    "tool_choice.function.name", f"{shorten(choice.function.name)!r} is not one of the request's tools"
                 )
             )
     elif which == "allowed_tools":
         if choice.allowed_tools.mode == pb.ToolChoiceMode.TOOL_CHOICE_MODE_NONE:
             v.append(FieldViolation("tool_choice.allowed_tools.mode", "must be AUTO or REQUIRED"))
+        if len(choice.allowed_tools.tool_names) > limits.max_tools:
+            v.append(FieldViolation("tool_choice.allowed_tools.tool_names", f"at most {limits.max_tools} names"))
+            return
         for n, name in enumerate(choice.allowed_tools.tool_names):
             if name not in names and not hosted:
-                v.append(
-                    FieldViolation(
-                        f"tool_choice.allowed_tools.tool_names[{n}]", f"{name!r} is not one of the request's tools"
-                    )
-                )
+                problem = f"{shorten(name)!r} is not one of the request's tools"
+                v.append(FieldViolation(f"tool_choice.allowed_tools.tool_names[{n}]", problem))
 
 
 def check_item(item: pb.Item, at: str, v: list[FieldViolation]) -> None:

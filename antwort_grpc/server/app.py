@@ -21,6 +21,8 @@ from antwort_grpc.engine import Engine, EngineConfig
 from antwort_grpc.executors.base import ToolExecutor
 from antwort_grpc.observability import Observability
 from antwort_grpc.providers.base import Provider, ProviderHealth
+from antwort_grpc.responses.limits import Limits
+from antwort_grpc.server.decode import add_parsing_servicer
 from antwort_grpc.server.servicer import ResponsesServicer
 from antwort_grpc.server.tls import server_credentials
 from antwort_grpc.storage.base import CancelSignals, ControlSignals, ResponseStore
@@ -78,6 +80,16 @@ class Gateway:
             self.observability.stop()
 
 
+def limits_of(settings: GatewaySettings) -> Limits:
+    return Limits(
+        max_tools=settings.max_tools,
+        max_schema_bytes=settings.max_schema_bytes,
+        max_schema_depth=settings.max_schema_depth,
+        max_input_items=settings.max_input_items,
+        max_metadata=settings.max_metadata,
+    )
+
+
 def _host_of(listen: str) -> str:
     host = listen.rsplit(":", 1)[0]
     return "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
@@ -118,8 +130,8 @@ async def start_gateway(
         ],
         interceptors=interceptors,
     )
-    servicer = ResponsesServicer(engine, store)
-    pb.add_ResponsesServiceServicer_to_server(servicer, server)
+    servicer = ResponsesServicer(engine, store, limits_of(settings))
+    add_parsing_servicer(pb.add_ResponsesServiceServicer_to_server, servicer, server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if settings.reflection:

@@ -16,6 +16,7 @@ from antwort_grpc.engine import Engine
 from antwort_grpc.engine.run import Run
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.responses.controls import validate_control
+from antwort_grpc.responses.limits import DEFAULT_LIMITS, Limits
 from antwort_grpc.responses.service import Responses, rejection
 from antwort_grpc.status import abort
 from antwort_grpc.storage.base import ResponseStore
@@ -30,8 +31,8 @@ def owner_of(context: Context) -> str:
 
 
 class ResponsesServicer(pb.ResponsesServiceServicer):
-    def __init__(self, engine: Engine, store: ResponseStore) -> None:
-        self.responses = Responses(engine, store)
+    def __init__(self, engine: Engine, store: ResponseStore, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.responses = Responses(engine, store, limits)
 
     async def CreateResponse(
         self, request: pb.CreateResponseRequest, context: Context

@@ -1,0 +1,23 @@
+"""What one CreateResponse request may hold, checked before any work starts (README: Limits)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Ids and names a client sends (previous_response_id, call ids, item ids, the model, response ids
+# of the read RPCs). Ours are about 30 characters; a model's call ids rarely pass 64. Not a setting:
+# nothing legitimate comes near it, and it keeps errors that name an id small.
+MAX_ID_CHARS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_tools: int = 128
+    # Each function tool's `parameters`, serialized; and its nesting (objects and arrays).
+    max_schema_bytes: int = 64 * 1024
+    max_schema_depth: int = 20
+    max_input_items: int = 2048
+    max_metadata: int = 16
+
+
+DEFAULT_LIMITS = Limits()

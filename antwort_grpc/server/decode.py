@@ -1,0 +1,186 @@
+"""Request bytes are parsed by our handlers, not by grpc, so bytes that do not parse (bad UTF-8 in
+a string, a corrupt wire format, nesting past the parser's depth limit) are INVALID_ARGUMENT with
+the field they are in. Left to grpc they are UNKNOWN with a Python exception text, and a logged
+traceback.
+
+Only unary requests go this way; streamed requests keep grpc's deserializer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from typing import Any
+
+import grpc
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError, Message
+from google.protobuf.message_factory import GetMessageClass
+
+from antwort_grpc.errors import FieldViolation, invalid_argument
+from antwort_grpc.status import abort
+
+# Requests larger than this are parsed in a worker thread, so a 32 MiB request does not hold the
+# event loop (and every other stream) while it is parsed.
+PARSE_IN_THREAD_BYTES = 1 << 20
+# How deep `locate` looks for the field that does not parse; past it, the path so far is named.
+LOCATE_DEPTH = 8
+# Structs are free-form: a problem inside one is reported at the Struct.
+_OPAQUE = {"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"}
+
+Parse = Callable[[bytes], Message]
+
+
+class _Capture:
+    """Stands in for a server to collect the method handlers a generated `add_…_to_server` makes."""
+
+    def __init__(self) -> None:
+        self.service = ""
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: object) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.service = service
+        self.handlers = dict(handlers)
+
+
+def add_parsing_servicer(add: Callable[[Any, Any], None], servicer: object, server: grpc.aio.Server) -> None:
+    """`add(servicer, server)` (a generated `add_…Servicer_to_server`), with every unary request
+    parsed by `parse_request`."""
+    capture = _Capture()
+    add(servicer, capture)
+    handlers = {name: _parsing(handler) for name, handler in capture.handlers.items()}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(capture.service, handlers),))
+    server.add_registered_method_handlers(capture.service, handlers)
+
+
+def _parsing(handler: Any) -> Any:
+    parse = handler.request_deserializer
+    if handler.request_streaming or parse is None:
+        return handler
+    if handler.unary_unary is not None:
+        unary = handler.unary_unary
+
+        async def unary_unary(raw: bytes, context: Any) -> Any:
+            return await unary(await parse_request(raw, parse, context), context)
+
+        return grpc.unary_unary_rpc_method_handler(unary_unary, response_serializer=handler.response_serializer)
+    if handler.unary_stream is not None:
+        stream: Callable[[Any, Any], AsyncGenerator[Any]] = handler.unary_stream
+
+        # A coroutine that writes, rather than an async generator around the servicer's: grpc's
+        # own loop over a generator writes each message the same way, so nothing is added per
+        # streamed message.
+        async def unary_stream(raw: bytes, context: Any) -> None:
+            request = await parse_request(raw, parse, context)
+            async with aclosing(stream(request, context)) as messages:
+                async for message in messages:
+                    await context.write(message)
+
+        return grpc.unary_stream_rpc_method_handler(unary_stream, response_serializer=handler.response_serializer)
+    return handler
+
+
+async def parse_request(raw: bytes, parse: Parse, context: Any) -> Any:
+    """The request `raw` holds; aborts the call with INVALID_ARGUMENT when it does not parse."""
+    try:
+        if len(raw) > PARSE_IN_THREAD_BYTES:
+            return await asyncio.to_thread(parse, raw)
+        return parse(raw)
+    except DecodeError as err:
+        message_class = getattr(parse, "__self__", None)
+        descriptor = getattr(message_class, "DESCRIPTOR", None)
+        field = locate(raw, descriptor) if isinstance(descriptor, Descriptor) else ""
+        # The parser's reason is a fixed text ("String field had bad UTF-8", "Wire format was
+        # corrupt", "Exceeded …MaxDepth"); what follows the type name in its message.
+        reason = str(err).rsplit(": ", 1)[-1]
+        where = field or "request"
+        await abort(context, invalid_argument([FieldViolation(where, f"cannot be parsed: {reason}")]))
+        raise AssertionError("unreachable") from None
+
+
+def locate(raw: bytes, descriptor: Descriptor, depth: int = 0) -> str:
+    """The path of the first field of `raw` (a message of type `descriptor`) whose bytes do not
+    parse, as far down as LOCATE_DEPTH; "" when the framing of `raw` itself is broken."""
+    message_class = GetMessageClass(descriptor)
+    counts: dict[int, int] = {}
+    for number, start, end, payload in _fields(raw):
+        index = counts.get(number, 0)
+        counts[number] = index + 1
+        try:
+            message_class.FromString(raw[start:end])
+            continue
+        except DecodeError:
+            pass
+        field = descriptor.fields_by_number.get(number)
+        if field is None:
+            return ""
+        name = field.name
+        if field.is_repeated and not _is_map(field):
+            name += f"[{index}]"
+        inner = field.message_type
+        if (
+            payload is not None
+            and inner is not None
+            and not _is_map(field)
+            and inner.full_name not in _OPAQUE
+            and depth < LOCATE_DEPTH
+        ):
+            below = locate(payload, inner, depth + 1)
+            if below:
+                return f"{name}.{below}"
+        return name
+    return ""
+
+
+def _fields(raw: bytes) -> list[tuple[int, int, int, bytes | None]]:
+    """(field number, start, end, length-delimited payload or None) for each field on the wire;
+    the fields read before the framing broke."""
+    found: list[tuple[int, int, int, bytes | None]] = []
+    at = 0
+    while at < len(raw):
+        start = at
+        tag, at = _varint(raw, at)
+        if at < 0:
+            break
+        number, wire = tag >> 3, tag & 7
+        payload = None
+        if wire == 0:
+            _, at = _varint(raw, at)
+        elif wire == 1:
+            at += 8
+        elif wire == 5:
+            at += 4
+        elif wire == 2:
+            length, at = _varint(raw, at)
+            if at < 0:
+                break
+            payload = raw[at : at + length]
+            at += length
+        else:
+            break
+        if at < 0 or at > len(raw) or number == 0:
+            break
+        found.append((number, start, at, payload))
+    return found
+
+
+def _varint(raw: bytes, at: int) -> tuple[int, int]:
+    """The varint at `at` and the position after it; position -1 when it is cut off or too long."""
+    value = shift = 0
+    while at < len(raw) and shift < 64:
+        byte = raw[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+    return 0, -1
+
+
+def _is_map(field: FieldDescriptor) -> bool:
+    inner = field.message_type
+    return inner is not None and inner.GetOptions().map_entry
