@@ -16,6 +16,7 @@ With --remote-executor TARGET, the tools run in that ToolExecutorService instead
 from __future__ import annotations
 
 import argparse
+import os
 import asyncio
 import contextlib
 import logging
@@ -125,9 +126,22 @@ async def _executors(args: argparse.Namespace) -> list[ToolExecutor]:
     return executors
 
 
+def _observed(args: argparse.Namespace) -> dict[str, object]:
+    """Settings for the observability figure: metrics, traces to an OTLP receiver, JWT auth."""
+    more: dict[str, object] = {}
+    if args.metrics:
+        more["metrics_listen"] = "127.0.0.1:0"
+    if args.otlp_endpoint:
+        # Read by the OpenTelemetry SDK when the gateway starts, as in a deployment.
+        os.environ.update(OTEL_EXPORTER_OTLP_ENDPOINT=args.otlp_endpoint, OTEL_EXPORTER_OTLP_INSECURE="true")
+    if args.jwt_jwks:
+        more.update(auth="jwt", jwt_jwks=args.jwt_jwks, jwt_issuer="bench", jwt_audience="bench")
+    return more
+
+
 async def _serve(args: argparse.Namespace) -> None:
     provider = _provider(args)
-    settings = GatewaySettings(listen="127.0.0.1:0", model="bench", max_turns=50)
+    settings = GatewaySettings(listen="127.0.0.1:0", model="bench", max_turns=50, **_observed(args))
     executors = await _executors(args)
     gateway = await start_gateway(settings, provider=provider, store=MemoryStore(), executors=executors)
     if not args.default_gc:
@@ -152,6 +166,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=8)
     parser.add_argument("--tool-seconds", type=float, default=0.2)
     parser.add_argument("--remote-executor", default="")
+    parser.add_argument("--metrics", action="store_true", help="Prometheus metrics on (a port of their own)")
+    parser.add_argument("--otlp-endpoint", default="", help="traces on, exported to this OTLP/gRPC receiver")
+    parser.add_argument("--jwt-jwks", default="", help="JWT authentication with the keys of this JWKS file")
     parser.add_argument("--default-gc", action="store_true", help="leave CPython's garbage collection as it is")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s gateway %(name)s: %(message)s")

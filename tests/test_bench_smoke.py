@@ -26,6 +26,8 @@ KEYS = [
     "token_lag_p99_ms",
     "turn_cost_ratio_10_vs_1",
     "chain50_cost_ratio",
+    "observability_cpu_ratio",
+    "jwt_auth_cpu_ratio",
 ]
 
 
