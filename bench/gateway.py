@@ -16,10 +16,10 @@ With --remote-executor TARGET, the tools run in that ToolExecutorService instead
 from __future__ import annotations
 
 import argparse
-import os
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 
 from antwort_grpc import pb
