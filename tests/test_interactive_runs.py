@@ -213,7 +213,9 @@ async def test_steer_during_tool_execution_lets_running_calls_finish_then_inject
 
 async def test_steer_at_a_turn_boundary_is_added_before_the_next_model_call() -> None:
     hold = asyncio.Event()
-    provider = ScriptedProvider([Turn([Call.of("fast", {}, call_id="c1")]), Turn([Text("ok")], hold=hold)])
+    provider = ScriptedProvider(
+        [Turn([Call.of("fast", {}, call_id="c1")]), Turn([Text("a long answer")], hold=hold), [Text("Brief.")]]
+    )
     async with running_gateway(provider=provider, executors=[FunctionExecutor(), GatedTool()]) as gw:
         session = Session(gw)
         request = user("go")
@@ -221,12 +223,14 @@ async def test_steer_at_a_turn_boundary_is_added_before_the_next_model_call() ->
         await session.start(request)
         await session.until("turn_completed")
         await provider.holding.wait()
-        # The second turn is already waiting for its first delta: the message cuts it at once.
+        # The second turn waits for its first delta: the message cuts it and joins before the next.
         await session.send(steer("and be brief"))
+        await session.until("input_injected")
         hold.set()
-        await session.until("terminal")
+        terminal = await session.until("terminal")
     assert_valid_stream(session.response_events())
     assert provider.requests[-1].items[-1].message.content[0].input_text.text == "and be brief"
+    assert output_text(terminal.completed.response).endswith("Brief.")
 
 
 # -- follow-up -------------------------------------------------------------------------------------
@@ -448,7 +452,7 @@ async def test_the_deadline_while_paused_fails_the_response() -> None:
     hold = asyncio.Event()
     provider = ScriptedProvider([Turn([Text("late")], hold=hold)])
     async with running_gateway(provider=provider) as gw:
-        session = Session(gw, timeout=1.5)
+        session = Session(gw, timeout=4)
         await session.start(user("hi"))
         await provider.holding.wait()
         await session.send(pb.Control(pause=pb.PauseControl(reason="hold on")))

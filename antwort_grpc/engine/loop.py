@@ -188,7 +188,11 @@ class Engine:
         finished = False
         try:
             resumed = run.continuation
-            if run.request.stream and self.config.max_turns > 0 and not resumed.calls and not resumed.outputs:
+            if (
+                run.request.stream
+                and self.config.max_turns > 0
+                and not (resumed.calls or resumed.outputs or resumed.handoff)
+            ):
                 # The model is asked now: its round trip overlaps the writes of the two events below.
                 run.early = self._call_model(run, 1)
             yield emitter.created()
@@ -289,11 +293,14 @@ class Engine:
             )
             decision = Decision.TURN_DECISION_CALL_TOOLS if calls else Decision.TURN_DECISION_RESPOND
             yield emitter.turn_decided(turn, decision, len(calls))
-            if isinstance(screened, Completed) and run.follow_ups:
+            if isinstance(screened, Completed) and (run.steer or run.follow_ups):
+                # Not the end yet: a steering message that came during the answer is answered
+                # next; otherwise the next follow-up starts a new round.
                 yield emitter.turn_completed(turn, clock.time() - began)
-                run.round += 1
-                for event in self._inject(run, pb.InputKind.INPUT_KIND_FOLLOW_UP, run.follow_ups.pop(0)):
-                    yield event
+                if not run.steer:
+                    run.round += 1
+                    for event in self._inject(run, pb.InputKind.INPUT_KIND_FOLLOW_UP, run.follow_ups.pop(0)):
+                        yield event
                 continue
             if isinstance(screened, Completed | Incomplete):
                 yield emitter.turn_completed(turn, clock.time() - began)
@@ -473,6 +480,10 @@ class Engine:
     ) -> AsyncIterator[pb.StreamEvent | RequiresAction | ExecuteTools]:
         """Approvals before the calls start; then where the turn goes (yielded last)."""
         accepted, rejected = list(screened.accepted), list(screened.rejected)
+        if run.steer:
+            # A steering message came before the calls started: none of them runs.
+            yield ExecuteTools([], rejected + self._supersede_outputs(run, accepted))
+            return
         routes = run.tools.routes
         server_side = run.tools.server_side
         waiting = [c for c in accepted if policy.needs_approval(c.name, routes[c.name].tool)]
@@ -665,13 +676,14 @@ def _handed_out(outcome: FinalOutcome) -> tuple[list[pb.FunctionCall], list[pb.A
 
 
 def _steered(run: Run) -> bool:
-    """Whether a cancellation of the driving task was a steering message's (and is absorbed)."""
-    if run.reason or not run.steer:
+    """Whether a cancellation of the driving task was a steering message's (and is absorbed).
+    Not when a stop came too, or the task was cancelled for another reason as well (the client
+    went away): that cancellation goes on."""
+    if run.reason or not run.interrupting:
         return False
+    run.interrupting = False
     task = asyncio.current_task()
-    if task is not None:
-        task.uncancel()
-    return True
+    return task is None or task.uncancel() == 0
 
 
 def _approval_request(call: pb.FunctionCall, tool: pb.Tool) -> pb.ApprovalRequest:

@@ -85,6 +85,8 @@ class Run:
         # Something for the loop to look at on its next check (a stop or a steer): one flag, read
         # once per streamed delta.
         self.attention = False
+        # The driving task was cancelled to cut a model call short for a steering message.
+        self.interrupting = False
         self.turn = 0
         self.round = 0
         # The inbox.
@@ -133,7 +135,8 @@ class Run:
         elif which == "steer":
             self.steer += [_copy(i) for i in control.steer.items]
             self.attention = True
-            if self.waiting == MODEL and self.task is not None:
+            if self.waiting == MODEL and self.task is not None and not self.interrupting:
+                self.interrupting = True
                 self.task.cancel()
             self._wake.set()
         elif which == "follow_up":
