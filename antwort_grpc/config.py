@@ -57,6 +57,13 @@ class GatewaySettings(BaseSettings):
     # take (the request's deadline shortens it).
     executor_refresh_seconds: float = 10.0
     executor_call_timeout: float = 300.0
+    # How the gateway reaches its executors: the token it sends (or a file holding it), the CA that
+    # signed their TLS certificates (set: TLS), and its own client certificate and key (mutual TLS).
+    executor_token: str | None = None
+    executor_token_file: Path | None = None
+    executor_ca: Path | None = None
+    executor_client_cert: Path | None = None
+    executor_client_key: Path | None = None
     # The server's maximums of a response's execution limits; a request may ask for less (max_turns
     # is also the default). Unset: no maximum. Seconds for max_duration.
     max_turns: int = 10
@@ -118,6 +125,14 @@ class ExecutorSettings(BaseSettings):
 
     listen: str = "127.0.0.1:50061"
     log_level: str = "INFO"
+    # Callers must send `authorization: Bearer <token>` (the gateway's ANTWORT_EXECUTOR_TOKEN);
+    # the token itself, or a file holding it.
+    token: str | None = None
+    token_file: Path | None = None
+    # TLS on the port (PEM); with a client CA, callers must present a certificate it signed.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
 
 
 class HookSettings(BaseSettings):

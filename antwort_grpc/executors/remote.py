@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,9 @@ _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_send_message_length", 32 * 1024 * 1024),
 ]
 
+# Addresses as gRPC's own messages give them ("ipv4:10.0.0.7:50061", "unix:/run/x.sock").
+_ADDRESS = re.compile(r"\b(?:ipv4|ipv6|unix|unix-abstract|dns):\S+")
+
 # Status codes that say the service (not the call) is the problem: it is marked unhealthy.
 _SERVICE_DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
@@ -68,6 +72,10 @@ class RemoteSettings:
     # Seconds a CanExecute answer is reused, and how many are kept.
     can_execute_ttl: float = 30.0
     can_execute_cache_size: int = 512
+    # TLS credentials of the channel (None: plaintext), and the token sent as `authorization:
+    # Bearer <token>` on every call (the services' ANTWORT_EXECUTOR_TOKEN).
+    credentials: grpc.ChannelCredentials | None = None
+    token: str | None = None
 
 
 class _Catalog:
@@ -101,6 +109,9 @@ class RemoteExecutor:
         self.target = target
         self.settings = settings or RemoteSettings()
         self.health_name = HEALTH_PREFIX + target
+        self._auth: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {self.settings.token}"),) if self.settings.token else ()
+        )
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
         self._catalog: _Catalog | None = None
@@ -119,7 +130,12 @@ class RemoteExecutor:
         """Connect and fetch the service's tools once; a service that is down is logged and
         retried in the background, never an error."""
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
+            if self.settings.credentials is not None:
+                self._channel = grpc.aio.secure_channel(
+                    self.target, self.settings.credentials, options=_CHANNEL_OPTIONS
+                )
+            else:
+                self._channel = grpc.aio.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
             self._stub = pb.ToolExecutorServiceStub(self._channel)
         await self.refresh()
         if self._watcher is None:
@@ -221,7 +237,10 @@ class RemoteExecutor:
             return cached[0]
         try:
             reply = await self._stub.CanExecute(
-                pb.CanExecuteRequest(tool=tool), timeout=self.settings.info_timeout, wait_for_ready=False
+                pb.CanExecuteRequest(tool=tool),
+                timeout=self.settings.info_timeout,
+                wait_for_ready=False,
+                metadata=self._auth,
             )
         except grpc.aio.AioRpcError as err:
             await self._failed(err)
@@ -241,9 +260,10 @@ class RemoteExecutor:
 
     async def execute(self, call: pb.FunctionCall, tool: pb.Tool, progress: ProgressSink) -> pb.FunctionCallOutput:
         if self._stub is None:
-            return _error(call, f"tool service {self.name} is not started")
+            return _error(call, f"{self._public} is not started")
         if not self.healthy:
-            return _error(call, f"tool service {self.name} ({self.target}) is unavailable: {self._last_error}")
+            # What went wrong is in the gateway's log; the model is never told internal addresses.
+            return _error(call, f"{self._public} is unavailable, try again later")
         timeout = self.settings.call_timeout
         deadline = current_deadline.get()
         if deadline is not None:
@@ -251,7 +271,10 @@ class RemoteExecutor:
         if timeout <= 0:
             return _error(call, f"the request's deadline passed before tool {call.name!r} could run")
         stream = self._stub.Execute(
-            pb.ExecuteRequest(call=call, tool=tool), timeout=timeout, wait_for_ready=False, metadata=trace_metadata()
+            pb.ExecuteRequest(call=call, tool=tool),
+            timeout=timeout,
+            wait_for_ready=False,
+            metadata=(*self._auth, *(trace_metadata() or ())),
         )
         result: pb.FunctionCallOutput | None = None
         try:
@@ -268,20 +291,35 @@ class RemoteExecutor:
             stream.cancel()
         await self._succeeded()
         if result is None:
-            return _error(call, f"tool service {self.name} ended the call of {call.name!r} without a result")
+            return _error(call, f"{self._public} ended the call of {call.name!r} without a result")
         result.call_id = call.call_id
         return result
 
     def _describe_failure(self, call: pb.FunctionCall, err: grpc.aio.AioRpcError, timeout: float) -> str:
+        """The failure as the model sees it: never the service's address (gRPC's own messages for
+        a connection that failed carry it); the gateway's log has the full text."""
         code = err.code()
-        where = f"tool service {self.name} ({self.target})"
+        where = self._public
+        log.warning("tool %r on %s (%s) failed: %s: %s", call.name, self.name, self.target, code.name, err.details())
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return f"tool {call.name!r} did not finish within {timeout:.1f}s on {where}"
         if code == grpc.StatusCode.UNAVAILABLE:
-            return f"{where} is unavailable: {err.details()}"
+            return f"{where} is unavailable, try again later"
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return f"{where} refused the gateway's credentials"
+        details = self._scrub(err.details() or "")
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            return f"{where} is busy, try again later: {err.details()}"
-        return f"{where} failed the call of {call.name!r}: {code.name}: {err.details()}"
+            return f"{where} is busy, try again later: {details}"
+        return f"{where} failed the call of {call.name!r}: {code.name}: {details}"
+
+    @property
+    def _public(self) -> str:
+        """The service as named to the model: its own name, never its target."""
+        name = self._catalog.info.name if self._catalog else ""
+        return f"tool service {name}" if name else "the tool service"
+
+    def _scrub(self, text: str) -> str:
+        return _ADDRESS.sub("<address>", text.replace(self.target, "<address>"))
 
     # -- health -----------------------------------------------------------------------------------
 
@@ -291,7 +329,10 @@ class RemoteExecutor:
             return False
         try:
             info = await self._stub.GetExecutorInfo(
-                pb.GetExecutorInfoRequest(), timeout=self.settings.info_timeout, wait_for_ready=False
+                pb.GetExecutorInfoRequest(),
+                timeout=self.settings.info_timeout,
+                wait_for_ready=False,
+                metadata=self._auth,
             )
         except grpc.aio.AioRpcError as err:
             await self._mark(False, f"{err.code().name}: {err.details()}")

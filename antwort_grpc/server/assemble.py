@@ -58,12 +58,18 @@ async def assemble(settings: GatewaySettings) -> Parts:
         closers.append(provider.aclose)
     executors: list[ToolExecutor] = [FunctionExecutor()]
     if settings.executors:
+        from antwort_grpc.executors.credentials import channel_credentials, read_token
         from antwort_grpc.executors.remote import RemoteSettings, build_executors, start_all
 
         remote = build_executors(
             settings.executors,
             RemoteSettings(
-                refresh_interval=settings.executor_refresh_seconds, call_timeout=settings.executor_call_timeout
+                refresh_interval=settings.executor_refresh_seconds,
+                call_timeout=settings.executor_call_timeout,
+                credentials=channel_credentials(
+                    settings.executor_ca, settings.executor_client_cert, settings.executor_client_key
+                ),
+                token=read_token(settings.executor_token, settings.executor_token_file, "ANTWORT_EXECUTOR_TOKEN"),
             ),
         )
         # A service that is down does not stop the gateway: it is retried in the background, and

@@ -9,14 +9,17 @@ import grpc
 from antwort_grpc.startup import StartupError
 
 
-def server_credentials(cert: Path | None, key: Path | None, client_ca: Path | None) -> grpc.ServerCredentials | None:
-    """None: plaintext. With `client_ca`, callers must present a certificate it signed (mTLS)."""
+def server_credentials(
+    cert: Path | None, key: Path | None, client_ca: Path | None, *, setting: str = "ANTWORT_TLS"
+) -> grpc.ServerCredentials | None:
+    """None: plaintext. With `client_ca`, callers must present a certificate it signed (mTLS).
+    `setting`: the variables' prefix, named in errors."""
     if cert is None and key is None:
         if client_ca is not None:
-            raise StartupError("ANTWORT_TLS_CLIENT_CA needs ANTWORT_TLS_CERT and ANTWORT_TLS_KEY")
+            raise StartupError(f"{setting}_CLIENT_CA needs {setting}_CERT and {setting}_KEY")
         return None
     if cert is None or key is None:
-        raise StartupError("TLS needs both ANTWORT_TLS_CERT and ANTWORT_TLS_KEY")
+        raise StartupError(f"TLS needs both {setting}_CERT and {setting}_KEY")
     try:
         return grpc.ssl_server_credentials(
             [(key.read_bytes(), cert.read_bytes())],
@@ -24,4 +27,4 @@ def server_credentials(cert: Path | None, key: Path | None, client_ca: Path | No
             require_client_auth=client_ca is not None,
         )
     except OSError as err:
-        raise StartupError(f"ANTWORT_TLS_*: {err}") from err
+        raise StartupError(f"{setting}_*: {err}") from err

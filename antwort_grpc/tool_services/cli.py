@@ -20,15 +20,22 @@ from pydantic import ValidationError
 from antwort_grpc.config import ExecutorSettings
 from antwort_grpc.startup import StartupError, bind_error, check_listen, is_bind_failure, settings_error
 from antwort_grpc.tool_services.sdk import ExecutorService, run_executor
+from antwort_grpc.tool_services.security import executor_security
 
 
 def common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", help="host:port (ANTWORT_EXECUTOR_LISTEN, default 127.0.0.1:50061)")
     p.add_argument("--log-level", help="ANTWORT_EXECUTOR_LOG_LEVEL, default INFO")
+    p.add_argument("--token-file", help="callers must send this token as a bearer (ANTWORT_EXECUTOR_TOKEN_FILE)")
+    p.add_argument("--tls-cert", help="TLS certificate chain, PEM (ANTWORT_EXECUTOR_TLS_CERT)")
+    p.add_argument("--tls-key", help="TLS private key, PEM (ANTWORT_EXECUTOR_TLS_KEY)")
+    p.add_argument(
+        "--tls-client-ca", help="CA of the callers' certificates: mutual TLS (ANTWORT_EXECUTOR_TLS_CLIENT_CA)"
+    )
 
 
 def executor_settings(args: argparse.Namespace) -> ExecutorSettings:
-    names = ["listen", "log_level"]
+    names = ["listen", "log_level", "token_file", "tls_cert", "tls_key", "tls_client_ca"]
     try:
         return ExecutorSettings(**{n: getattr(args, n) for n in names if getattr(args, n, None) is not None})
     except ValidationError as error:
@@ -38,8 +45,11 @@ def executor_settings(args: argparse.Namespace) -> ExecutorSettings:
 def serve_role(settings: ExecutorSettings, service: ExecutorService) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     check_listen(settings.listen, "--listen / ANTWORT_EXECUTOR_LISTEN")
+    security = executor_security(
+        settings.token, settings.token_file, settings.tls_cert, settings.tls_key, settings.tls_client_ca
+    )
     try:
-        asyncio.run(run_executor(service, settings.listen))
+        asyncio.run(run_executor(service, settings.listen, security=security))
     except (RuntimeError, OSError) as error:
         if is_bind_failure(error) or str(error).startswith("cannot listen on"):
             raise bind_error(settings.listen, "--listen / ANTWORT_EXECUTOR_LISTEN") from error

@@ -40,6 +40,7 @@ from antwort_grpc.executors.base import ProgressSink
 from antwort_grpc.observability import tracing
 from antwort_grpc.status import abort
 from antwort_grpc.tool_services.reaper import reaping_if_init
+from antwort_grpc.tool_services.security import ExecutorSecurity
 
 log = logging.getLogger(__name__)
 
@@ -195,17 +196,35 @@ class ExecutorServer:
         await self.service.close()
 
 
-async def serve_executor(service: ExecutorService, listen: str = "127.0.0.1:0") -> ExecutorServer:
-    """Start a grpc.aio server for the service; port 0 picks a free one (see `.port`)."""
+# The gateway's own limits: a call's code or arguments as large as a request may carry.
+MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+
+
+async def serve_executor(
+    service: ExecutorService, listen: str = "127.0.0.1:0", security: ExecutorSecurity | None = None
+) -> ExecutorServer:
+    """Start a grpc.aio server for the service; port 0 picks a free one (see `.port`). `security`:
+    the token callers must send and the TLS credentials (default: any caller, plaintext)."""
+    security = security or ExecutorSecurity()
     await service.start()
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server = grpc.aio.server(
+        options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ],
+        interceptors=security.interceptors(),
+    )
     pb.add_ToolExecutorServiceServicer_to_server(ToolExecutorServicer(service), server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
         [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
     )
-    port = server.add_insecure_port(listen)
+    if security.credentials is not None:
+        port = server.add_secure_port(listen, security.credentials)
+    else:
+        port = server.add_insecure_port(listen)
     if port == 0:
         await service.close()
         raise OSError(f"cannot listen on {listen}")
@@ -214,15 +233,18 @@ async def serve_executor(service: ExecutorService, listen: str = "127.0.0.1:0") 
     await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     host = listen.rsplit(":", 1)[0]
     host = "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
-    log.info("%s executor %r listening on %s:%d", pb.ToolKind.Name(service.kind), service.name, host, port)
+    kind = pb.ToolKind.Name(service.kind)
+    log.info("%s executor %r listening on %s:%d (%s)", kind, service.name, host, port, security.describe())
     return ExecutorServer(server, port, host, service, health)
 
 
-async def run_executor(service: ExecutorService, listen: str, grace: float = 10.0) -> None:
+async def run_executor(
+    service: ExecutorService, listen: str, grace: float = 10.0, security: ExecutorSecurity | None = None
+) -> None:
     """Serve until SIGTERM or SIGINT, then shut down gracefully. As pid 1 (a container without an
     init) it also reaps orphaned processes."""
     async with reaping_if_init():
-        running = await serve_executor(service, listen)
+        running = await serve_executor(service, listen, security)
         print(f"antwort-grpc executor {service.name} serving on {running.target}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

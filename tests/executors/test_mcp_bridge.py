@@ -130,6 +130,25 @@ async def test_a_tool_the_request_does_not_allow_is_refused(bridge: pb.ToolExecu
     assert "not allowed" in outcome.output
 
 
+@pytest.mark.parametrize("label", ["pages", "paged-http"])
+async def test_a_tool_the_server_does_not_list_is_refused_though_the_server_would_run_it(
+    bridge: pb.ToolExecutorServiceStub, label: str
+) -> None:
+    """The paging servers answer a call of any name; with no allowed_tools the request allows
+    what the server lists, nothing more."""
+    outcome = await execute(bridge, label, "admin_reset")
+    assert outcome.is_error, outcome.output
+    assert outcome.output == f"MCP server {label!r} offers no tool named 'admin_reset'"
+    listed_one = await execute(bridge, label, "tool_03")
+    assert (listed_one.is_error, listed_one.output) == (False, "tool_03 ran")
+
+
+async def test_a_function_tool_runs_only_the_function_it_names(bridge: pb.ToolExecutorServiceStub) -> None:
+    outcome = await execute(bridge, "local", "exit_now", routed_by=pb.Tool(function=pb.FunctionTool(name="picture")))
+    assert outcome.is_error
+    assert "not the function 'picture' the request named" in outcome.output
+
+
 async def test_an_unknown_server_label_is_an_error_result(bridge: pb.ToolExecutorServiceStub) -> None:
     outcome = await execute(bridge, "elsewhere", "echo", text="hi")
     assert outcome.is_error

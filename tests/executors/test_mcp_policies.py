@@ -129,6 +129,10 @@ def function(name: str) -> pb.Tool:
         # A server that is down (nothing listed) still gets the call: it answers "unavailable".
         ("anything", mcp("down"), "down"),
         ("search", mcp("gitlab"), Refused("no MCP server labelled 'gitlab'")),
+        # Only what the server lists: not a name it would run without listing it.
+        ("admin_reset", mcp("github"), Refused("MCP server 'github' offers no tool named 'admin_reset'")),
+        # A function tool names one function: the call must be that one.
+        ("create_issue", function("fetch"), Refused("not the function 'fetch' the request named")),
         ("fetch", function("fetch"), "docs"),
         ("search", function("search"), Refused("offered by several MCP servers (github, docs)")),
         ("translate", function("translate"), Refused("no MCP server on this bridge offers a tool named 'translate'")),

@@ -45,7 +45,7 @@ MODES = ("namespaces", "fallback", "fallback_same_uid")
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Sandbox]]:
     tmp = tmp_path_factory.mktemp("hardening")
     started = [
-        _start(tmp, "namespaces", timeout_seconds="30", cpu_seconds="10"),
+        _start(tmp, "namespaces", timeout_seconds="30", cpu_seconds="10", max_code_bytes=str(8 * 1024 * 1024)),
         _start(tmp, "fallback", namespaces="off", timeout_seconds="30", cpu_seconds="10"),
         _start(tmp, "same-uid", AS_SAME_UID, namespaces="off", timeout_seconds="30", cpu_seconds="10"),
     ]
@@ -72,6 +72,14 @@ def test_the_same_uid_service_runs_the_code_on_its_own_uid(services: dict[str, S
     box = services["fallback_same_uid"]
     assert os.stat(f"/proc/{box.pid}").st_uid == SAME_UID
     assert f"uid: {SAME_UID} (the service's)" in box.log.read_text()
+
+
+async def test_5_mb_of_code_is_accepted(services: dict[str, Sandbox]) -> None:
+    """The executor's message limits are the gateway's (32 MiB), not gRPC's default 4 MiB."""
+    code = "# " + "x" * (5 * 1000 * 1000) + "\nprint('the big one ran')"
+    async for stub in _stub(services["namespaces"]):
+        result = await run(stub, code)
+    assert result.output["stdout"] == "the big one ran\n"
 
 
 # Acting on the service or on another call.

@@ -64,6 +64,9 @@ class McpBridge(ExecutorService):
         await asyncio.gather(*(c.refresh() for c in targets))
 
     async def execute(self, call: pb.FunctionCall, tool: pb.Tool, progress: ProgressSink) -> pb.FunctionCallOutput:
+        named = self.connections.get(tool.mcp.server_label) if tool.WhichOneof("kind") == "mcp" else None
+        if named is not None and not named.offers(call.name):
+            await named.refresh()  # a tool the server added since the last listing
         listings = {label: {t.name for t in c.tools} for label, c in self.connections.items()}
         target = route(call.name, tool, listings)
         if isinstance(target, Refused):

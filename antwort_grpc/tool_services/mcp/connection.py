@@ -126,10 +126,12 @@ class ServerConnection:
         if client is None:
             return text_result(f"MCP server {self.label!r} is unavailable: {self.last_error}", is_error=True)
         if not self.offers(name):
-            # A tool the server added since the last listing: list on demand. The server has
-            # the last word on names it does not know.
+            # A tool the server added since the last listing: list on demand. A name the server
+            # does not list is never called, even if the server would run it.
             with contextlib.suppress(MCPError):
                 await self._list_tools(client)
+            if not self.offers(name):
+                return text_result(f"MCP server {self.label!r} offers no tool named {name!r}", is_error=True)
 
         report = progress
 
