@@ -20,7 +20,8 @@ class Observation:
     turns: int = 0
     response_id: str = ""
     model: str = ""
-    # perf_counter() of the first and the last streamed output delta, and how many there were.
+    # perf_counter() of the first streamed output delta and of the end of the output (the terminal
+    # event), and how many deltas there were.
     first_delta: float | None = None
     last_delta: float = 0.0
     deltas: int = 0

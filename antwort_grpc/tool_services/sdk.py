@@ -159,7 +159,9 @@ class ToolExecutorServicer(pb.ToolExecutorServiceServicer):
 
     def _span(self, request: pb.ExecuteRequest, context: Context) -> trace.Span | None:
         if self.tracer is None:
-            return None
+            # Not tracing here: the caller's context still travels on (to MCP servers, say).
+            caller = trace.get_current_span(tracing.extract(context.invocation_metadata()))
+            return caller if caller.get_span_context().is_valid else None
         attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": request.call.name}
         attributes["gen_ai.tool.call.id"] = request.call.call_id
         name = f"execute_tool {request.call.name}"

@@ -69,6 +69,12 @@ def tools_server() -> MCPServer:
         return {name: headers.get(name, "") for name in ("authorization", "x-tenant")}
 
     @server.tool()
+    def trace_context(ctx: Context) -> str:
+        """The W3C traceparent the call carried in its _meta ("" without one)."""
+        meta = ctx.request_context.meta or {}
+        return str(meta.get("traceparent", ""))
+
+    @server.tool()
     async def sleep(seconds: float) -> str:
         """Answers after the given time."""
         await anyio.sleep(seconds)

@@ -29,7 +29,20 @@ from tests.executors.mcp_servers import PAGING_TOOLS
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-TOOLS = ["echo", "add", "fail", "countdown", "whoami", "sleep", "pid", "exit_now", "rendezvous", "picture", "learn"]
+TOOLS = [
+    "echo",
+    "add",
+    "fail",
+    "countdown",
+    "whoami",
+    "trace_context",
+    "sleep",
+    "pid",
+    "exit_now",
+    "rendezvous",
+    "picture",
+    "learn",
+]
 PAGED = [f"tool_{i:02d}" for i in range(PAGING_TOOLS)]
 
 
@@ -78,6 +91,19 @@ async def test_a_server_with_more_tools_than_one_page_is_listed_completely(
 async def test_a_call_returns_the_tools_text(bridge: pb.ToolExecutorServiceStub, label: str) -> None:
     outcome = await execute(bridge, label, "echo", text="grüß dich")
     assert (outcome.output, outcome.is_error, outcome.progress) == ("grüß dich", False, [])
+
+
+@pytest.mark.parametrize("label", ["local", "remote"])
+async def test_the_callers_trace_context_reaches_the_mcp_server_in_the_requests_meta(
+    bridge: pb.ToolExecutorServiceStub, label: str
+) -> None:
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    call = pb.FunctionCall(call_id="call_t", name="trace_context", arguments="{}")
+    request = pb.ExecuteRequest(call=call, tool=mcp_tool(label))
+    updates = [u async for u in bridge.Execute(request, metadata=(("traceparent", traceparent),), timeout=60)]
+    assert updates[-1].result.output == traceparent
+    untraced = await execute(bridge, label, "trace_context")
+    assert untraced.output == ""
 
 
 @pytest.mark.parametrize("label", ["local", "remote"])
