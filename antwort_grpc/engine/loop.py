@@ -12,9 +12,10 @@ steer (cut at once). `_call_model` is the one place the model is called.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -141,8 +142,9 @@ class Engine:
     ) -> AsyncIterator[pb.StreamEvent]:
         """`start` and `events` in one: every event of one response."""
         run = await self.start(request, owner=owner, timeout=timeout)
-        async for event in run.events():
-            yield event
+        async with contextlib.aclosing(run.events()) as events:
+            async for event in events:
+                yield event
 
     async def cancel(self, response_id: str) -> bool:
         """Stop a response running in this process; False if none is."""
@@ -180,7 +182,7 @@ class Engine:
 
     # -- one response ---------------------------------------------------------------------------
 
-    async def _drive(self, run: Run) -> AsyncIterator[pb.StreamEvent]:
+    async def _drive(self, run: Run) -> AsyncGenerator[pb.StreamEvent, None]:
         run.task = asyncio.current_task()
         if run.deadline is not None:
             current_deadline.set(run.deadline)

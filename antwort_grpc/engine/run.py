@@ -15,7 +15,7 @@ it while it runs, from any task. Controls are checked against the run's state wh
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -103,7 +103,7 @@ class Run:
         # The request's deadline in loop time (remote executors pass what remains of it on).
         self.deadline: float | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._events: Callable[[Run], AsyncIterator[pb.StreamEvent]] | None = None
+        self._events: Callable[[Run], AsyncGenerator[pb.StreamEvent, None]] | None = None
 
     @property
     def response_id(self) -> str:
@@ -113,10 +113,10 @@ class Run:
     def stop_requested(self) -> bool:
         return bool(self.reason)
 
-    def bind(self, driver: Callable[[Run], AsyncIterator[pb.StreamEvent]]) -> None:
+    def bind(self, driver: Callable[[Run], AsyncGenerator[pb.StreamEvent, None]]) -> None:
         self._events = driver
 
-    def events(self) -> AsyncIterator[pb.StreamEvent]:
+    def events(self) -> AsyncGenerator[pb.StreamEvent, None]:
         """Every event of the response; iterate it once. Failures after the first event end the
         stream in-band with a terminal event."""
         assert self._events is not None, "a Run is made by Engine.start"

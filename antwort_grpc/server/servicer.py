@@ -42,16 +42,17 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
         except RequestError as err:
             await abort(context, err)
             return
-        if request.stream:
-            async for event in run.events():
-                yield _message(event)
-        else:
-            # One code path: drain the same stream, send only the terminal event.
-            last = None
-            async for event in run.events():
-                last = event
-            assert last is not None
-            yield _message(last)
+        async with contextlib.aclosing(run.events()) as events:
+            if request.stream:
+                async for event in events:
+                    yield _message(event)
+            else:
+                # One code path: drain the same stream, send only the terminal event.
+                last = None
+                async for event in events:
+                    last = event
+                assert last is not None
+                yield _message(last)
 
     async def Converse(self, requests: AsyncIterator[pb.ConverseRequest], context: Context) -> None:
         await _Session(self.responses, requests, context).serve()
@@ -149,11 +150,12 @@ class _Session:
                 if reader.done():
                     run.detach()
                 try:
-                    async for event in run.events():
-                        message = pb.ConverseResponse()
-                        message.event.CopyFrom(event)
-                        async with self.writing:
-                            await self.context.write(message)
+                    async with contextlib.aclosing(run.events()) as events:
+                        async for event in events:
+                            message = pb.ConverseResponse()
+                            message.event.CopyFrom(event)
+                            async with self.writing:
+                                await self.context.write(message)
                 finally:
                     self.run = None
         finally:
