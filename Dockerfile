@@ -1,6 +1,8 @@
 # One image, three roles: the gateway (default), the sandbox executor and the MCP bridge.
 #   docker build -t antwort-grpc:0.1.0 .
-#   docker run antwort-grpc:0.1.0                        # antwort-grpc serve
+#   docker run -e ANTWORT_AUTH=api_key -e ANTWORT_API_KEYS_FILE=… antwort-grpc:0.1.0   # serve
+#   (without authentication the gateway refuses its 0.0.0.0 address unless
+#    ANTWORT_ALLOW_UNAUTHENTICATED=true)
 #   docker run antwort-grpc:0.1.0 executor sandbox       # code_interpreter
 #   docker run antwort-grpc:0.1.0 executor mcp           # MCP bridge
 # The local-model extra (llama.cpp and model weights) is left out: in a cluster the gateway talks

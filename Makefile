@@ -24,7 +24,8 @@ lint: venv
 	# The contract only grows: Go/Java code generated from the baseline keeps working.
 	cd protos && ../$(BIN)/buf breaking --against contract-baseline.binpb
 	$(BIN)/hadolint Dockerfile
-	$(BIN)/kubernetes-validate --strict --quiet deploy/*.yaml
+	# Every kustomize overlay, rendered by kubectl kustomize, against offline schemas.
+	BIN=$(BIN) scripts/validate-manifests.sh
 
 # The agentic loop end to end against a scripted fake model backend (nothing to install).
 demo: venv

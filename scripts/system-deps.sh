@@ -20,6 +20,9 @@ command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
 # A real Prometheus server scrapes the gateway in tests/test_metrics.py (and promtool checks it).
 command -v promtool >/dev/null || need+=(prometheus)
+# kubectl renders the kustomize overlays in deploy/ (make lint, tests/test_deploy.py); it needs no
+# cluster. Debian's kubernetes-client when the machine has no kubectl of its own.
+command -v kubectl >/dev/null || need+=(kubernetes-client)
 if ((${#need[@]})); then
   echo "installing ${need[*]} (apt)"
   export DEBIAN_FRONTEND=noninteractive

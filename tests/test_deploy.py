@@ -1,9 +1,11 @@
 """The container image and the Kubernetes manifests, checked without a container engine or a
-cluster: hadolint on the Dockerfile, kubernetes-validate (offline schemas) on every manifest, and
-the manifests against the code they run (CLI commands, settings, the MCP configuration)."""
+cluster: hadolint on the Dockerfile; every kustomize overlay rendered by `kubectl kustomize` and
+validated by kubernetes-validate (offline schemas); the rendered manifests against the code they
+run (CLI commands, settings, the MCP configuration) and against what production needs."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -22,16 +24,27 @@ from antwort_grpc.tool_services.sandbox import SandboxSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-MANIFESTS = sorted((ROOT / "deploy").glob("*.yaml"))
+OVERLAYS = sorted(p.name for p in (ROOT / "deploy" / "overlays").iterdir() if p.is_dir())
 UID = 10001
 
 
-def _documents() -> list[dict[str, Any]]:
-    return [doc for path in MANIFESTS for doc in yaml.safe_load_all(path.read_text()) if doc]
+def render(directory: Path) -> str:
+    result = subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
-def _of_kind(kind: str) -> dict[str, dict[str, Any]]:
-    return {d["metadata"]["name"]: d for d in _documents() if d["kind"] == kind}
+@functools.cache
+def _rendered(overlay: str) -> str:
+    return render(ROOT / "deploy" / "overlays" / overlay)
+
+
+def _documents(overlay: str = "prod") -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(_rendered(overlay)) if doc]
+
+
+def _of_kind(kind: str, overlay: str = "prod") -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in _documents(overlay) if d["kind"] == kind}
 
 
 def _container(deployment: dict[str, Any]) -> dict[str, Any]:
@@ -61,17 +74,26 @@ def test_the_dockerfile_passes_hadolint() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_every_manifest_passes_kubernetes_validate_with_offline_schemas() -> None:
-    assert MANIFESTS
-    cmd = [BIN / "kubernetes-validate", "--strict", *MANIFESTS]
+def test_there_is_a_dev_and_a_prod_overlay() -> None:
+    assert OVERLAYS == ["dev", "prod"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_overlay_renders_and_passes_kubernetes_validate_with_offline_schemas(
+    overlay: str, tmp_path: Path
+) -> None:
+    manifest = tmp_path / f"{overlay}.yaml"
+    manifest.write_text(_rendered(overlay))
+    cmd = [BIN / "kubernetes-validate", "--strict", manifest]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     passed = [line for line in (result.stdout + result.stderr).splitlines() if " passed for resource " in line]
-    assert len(passed) == len(_documents()), result.stdout + result.stderr
+    assert len(passed) == len(_documents(overlay)), result.stdout + result.stderr
 
 
-def test_the_three_roles_are_separate_deployments_with_services_of_their_own() -> None:
-    deployments, services = _of_kind("Deployment"), _of_kind("Service")
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_three_roles_are_separate_deployments_with_services_of_their_own(overlay: str) -> None:
+    deployments, services = _of_kind("Deployment", overlay), _of_kind("Service", overlay)
     assert set(deployments) == set(ROLES)
     for name, args in ROLES.items():
         deployment = deployments[name]
@@ -86,18 +108,29 @@ def test_the_three_roles_are_separate_deployments_with_services_of_their_own() -
         assert service["spec"]["ports"][0]["targetPort"] == port["name"] == "grpc"
 
 
-def test_every_role_is_probed_on_the_grpc_health_service() -> None:
+def _tls_executor(container: dict[str, Any]) -> bool:
+    return "ANTWORT_EXECUTOR_TLS_CERT" in _env_names(container)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_role_is_probed_on_the_grpc_health_service_or_its_port_under_tls(overlay: str) -> None:
     readiness = {
         "antwort-gateway": "antwort.v1.ResponsesService",
         "antwort-sandbox": "antwort.v1.ToolExecutorService",
         "antwort-mcp-bridge": "antwort.v1.ToolExecutorService",
     }
-    for name, deployment in _of_kind("Deployment").items():
+    for name, deployment in _of_kind("Deployment", overlay).items():
         container = _container(deployment)
         port = container["ports"][0]["containerPort"]
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert container[probe]["grpc"]["port"] == port, (name, probe)
-        assert container["readinessProbe"]["grpc"]["service"] == readiness[name]
+            if _tls_executor(container):
+                # The kubelet's gRPC probes cannot speak TLS: the port is checked instead.
+                assert container[probe] == {**container[probe], "tcpSocket": {"port": port}}, (name, probe)
+                assert "grpc" not in container[probe]
+            else:
+                assert container[probe]["grpc"]["port"] == port, (name, probe)
+        if not _tls_executor(container):
+            assert container["readinessProbe"]["grpc"]["service"] == readiness[name]
         listen = _env(container).get("ANTWORT_LISTEN") or _env(container)["ANTWORT_EXECUTOR_LISTEN"]
         assert listen == f"0.0.0.0:{port}"
 
@@ -118,7 +151,9 @@ def test_the_sandbox_pod_is_locked_down() -> None:
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert "emptyDir" in volumes[mounts["/tmp"]], "the only writable place is an emptyDir at /tmp"
-    assert set(mounts) == {"/tmp"}
+    writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {"/tmp"}
+    assert all("secret" in volumes[name] for path, name in mounts.items() if path != "/tmp")
     assert _env(container)["ANTWORT_SANDBOX_WORKDIR_ROOT"] == "/tmp"
 
 
@@ -163,7 +198,10 @@ def test_every_container_runs_a_command_the_cli_has(args: list[str], capsys: pyt
     assert "usage: antwort-grpc" in capsys.readouterr().out
 
 
-def _settings_for(name: str) -> type[Any]:
+def _settings_for(name: str, role: str = "") -> type[Any]:
+    if role == "antwort-gateway" and name.startswith("ANTWORT_"):
+        # The gateway's own settings include its side of the executors (ANTWORT_EXECUTOR_CA, …).
+        return GatewaySettings
     for prefix, settings in (
         ("ANTWORT_EXECUTOR_", ExecutorSettings),
         ("ANTWORT_SANDBOX_", SandboxSettings),
@@ -183,13 +221,14 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.Monkey
     yield monkeypatch
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_environment_variable_of_the_manifests_is_a_setting_with_a_valid_value(
-    clean_environment: pytest.MonkeyPatch, tmp_path: Path
+    overlay: str, clean_environment: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    for name, deployment in _of_kind("Deployment").items():
+    for name, deployment in _of_kind("Deployment", overlay).items():
         container = _container(deployment)
         for variable in _env_names(container):
-            settings = _settings_for(variable)
+            settings = _settings_for(variable, name)
             prefix = settings.model_config["env_prefix"]
             field = variable.removeprefix(prefix).lower()
             assert field in settings.model_fields, f"{name}: {variable} is not a field of {settings.__name__}"
@@ -199,7 +238,7 @@ def test_every_environment_variable_of_the_manifests_is_a_setting_with_a_valid_v
             values["ANTWORT_MCP_CONFIG"] = str(tmp_path / "servers.json")
         for variable, value in values.items():
             clean_environment.setenv(variable, value)
-        for settings in {_settings_for(v) for v in values}:
+        for settings in {_settings_for(v, name) for v in values}:
             settings()  # raises on a value the role would refuse
         for variable in values:
             clean_environment.delenv(variable)
@@ -239,3 +278,110 @@ def test_the_image_is_built_from_the_package_only_without_the_local_model() -> N
     assert installs and all("[" not in line and "local-model" not in line for line in installs)
     assert re.search(r'^ENTRYPOINT \["antwort-grpc"\]$', dockerfile, re.M)
     assert re.search(r'^CMD \["serve"\]$', dockerfile, re.M)
+
+
+def _replicas(overlay: str, name: str) -> int:
+    replicas: int = _of_kind("Deployment", overlay)[name]["spec"]["replicas"]
+    return replicas
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_more_than_one_gateway_needs_the_postgresql_url_and_never_falls_back_to_a_file(overlay: str) -> None:
+    container = _container(_of_kind("Deployment", overlay)["antwort-gateway"])
+    store = [e for e in container.get("env", []) if e["name"] == "ANTWORT_STORE"]
+    if _replicas(overlay, "antwort-gateway") > 1:
+        [variable] = store
+        ref = variable["valueFrom"]["secretKeyRef"]
+        assert ref["optional"] is False, "a missing store Secret must stop the pod, not leave it on SQLite"
+    else:
+        assert store == [], "one gateway keeps its responses in its SQLite file"
+
+
+def test_dev_is_one_gateway_on_sqlite_without_authentication() -> None:
+    container = _container(_of_kind("Deployment", "dev")["antwort-gateway"])
+    assert _replicas("dev", "antwort-gateway") == 1
+    env = _env(container)
+    assert env["ANTWORT_AUTH"] == "none" and env["ANTWORT_ALLOW_UNAUTHENTICATED"] == "true"
+    assert "ANTWORT_STORE" not in _env_names(container)
+
+
+def _mounted(container: dict[str, Any], path: str, deployment: dict[str, Any]) -> dict[str, Any]:
+    """The Secret volume a file path of the container lies in."""
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    for mount in container["volumeMounts"]:
+        if path.startswith(mount["mountPath"] + "/"):
+            volume: dict[str, Any] = volumes[mount["name"]]
+            assert "secret" in volume and mount.get("readOnly") is True, path
+            return volume
+    raise AssertionError(f"{path} is not on a mounted volume")
+
+
+def test_prod_runs_several_gateways_with_authentication() -> None:
+    assert _replicas("prod", "antwort-gateway") >= 2
+    gateway = _of_kind("Deployment", "prod")["antwort-gateway"]
+    container = _container(gateway)
+    env = _env(container)
+    assert env["ANTWORT_AUTH"] in ("api_key", "jwt")
+    _mounted(container, env["ANTWORT_API_KEYS_FILE"], gateway)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_deployment_has_a_disruption_budget_and_spreads_over_nodes(overlay: str) -> None:
+    budgets = _of_kind("PodDisruptionBudget", overlay)
+    for name, deployment in _of_kind("Deployment", overlay).items():
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert budgets[name]["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        spread = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+        assert "kubernetes.io/hostname" in {c["topologyKey"] for c in spread}
+        assert all(c["labelSelector"]["matchLabels"].items() <= labels.items() for c in spread)
+    assert budgets["antwort-gateway"]["spec"].get("minAvailable", 0) < max(_replicas(overlay, "antwort-gateway"), 2)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_gateway_exposes_metrics_on_their_own_port_with_scrape_annotations(overlay: str) -> None:
+    deployment = _of_kind("Deployment", overlay)["antwort-gateway"]
+    container = _container(deployment)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/path"] == "/metrics"
+    assert int(annotations["prometheus.io/port"]) == ports["metrics"] != ports["grpc"]
+    assert _env(container)["ANTWORT_METRICS_LISTEN"] == f"0.0.0.0:{ports['metrics']}"
+    service = _of_kind("Service", overlay)["antwort-gateway"]
+    assert {p["name"] for p in service["spec"]["ports"]} == {"grpc", "metrics"}
+
+
+def _rule_sources(rule: dict[str, Any]) -> list[dict[str, Any]]:
+    sources: list[dict[str, Any]] = rule.get("from", [])
+    return sources
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policies_let_only_the_gateway_call_the_executors(overlay: str) -> None:
+    policies = _of_kind("NetworkPolicy", overlay)
+    assert set(policies) == {"antwort-gateway", "antwort-sandbox", "antwort-mcp-bridge"}
+    only_gateway = [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "antwort-gateway"}}}]
+    for name in ("antwort-sandbox", "antwort-mcp-bridge"):
+        [rule] = policies[name]["spec"]["ingress"]
+        assert _rule_sources(rule) == only_gateway
+    gateway = policies["antwort-gateway"]["spec"]
+    assert set(gateway["policyTypes"]) == {"Ingress", "Egress"}
+    ports = {p["port"] for rule in gateway["ingress"] for p in rule["ports"]}
+    assert ports == {50051, 9464}
+    executor_rule = next(r for r in gateway["egress"] if any("podSelector" in t for t in r.get("to", [])))
+    assert {p["port"] for p in executor_rule["ports"]} == {50061}
+
+
+def test_the_image_can_be_pinned_by_digest(tmp_path: Path) -> None:
+    digest = "sha256:" + "0123456789abcdef" * 4
+    prod = os.path.relpath(ROOT / "deploy" / "overlays" / "prod", tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [prod],
+                "images": [{"name": "antwort-grpc", "newName": "registry.example/antwort-grpc", "digest": digest}],
+            }
+        )
+    )
+    pinned = [d for d in yaml.safe_load_all(render(tmp_path)) if d and d["kind"] == "Deployment"]
+    assert len(pinned) == 3
+    assert {_container(d)["image"] for d in pinned} == {f"registry.example/antwort-grpc@{digest}"}
