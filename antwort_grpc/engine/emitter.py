@@ -119,6 +119,9 @@ class ResponseEmitter:
     def paused(self, reason: str) -> pb.StreamEvent:
         return pb.StreamEvent(sequence_number=self._next(), paused=pb.PausedEvent(reason=reason))
 
+    def hook_failed(self, failure: pb.HookFailedEvent) -> pb.StreamEvent:
+        return pb.StreamEvent(sequence_number=self._next(), hook_failed=failure)
+
     def resumed(self) -> pb.StreamEvent:
         return pb.StreamEvent(sequence_number=self._next(), resumed=pb.ResumedEvent())
 
@@ -374,14 +377,16 @@ class ResponseEmitter:
             ),
         )
 
-    def tool_finished(self, item: pb.Item, index: int, result: pb.FunctionCallOutput) -> pb.StreamEvent:
+    def tool_finished(
+        self, item: pb.Item, index: int, result: pb.FunctionCallOutput, timed_out: bool = False
+    ) -> pb.StreamEvent:
         seq = self._next()
         call_id = item.function_call.call_id
         if result.is_error:
             return pb.StreamEvent(
                 sequence_number=seq,
                 tool_execution_failed=pb.ToolExecutionFailedEvent(
-                    item_id=item.id, output_index=index, call_id=call_id, error=result.output
+                    item_id=item.id, output_index=index, call_id=call_id, error=result.output, timed_out=timed_out
                 ),
             )
         return pb.StreamEvent(

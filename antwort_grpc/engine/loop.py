@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
@@ -22,7 +23,9 @@ import grpc
 
 from antwort_grpc import pb
 from antwort_grpc.engine import continuation, policy, state
+from antwort_grpc.engine.governor import Governor
 from antwort_grpc.engine.history import History, load_history
+from antwort_grpc.engine.limits import ServerLimits
 from antwort_grpc.engine.outcomes import (
     Cancelled,
     Completed,
@@ -38,6 +41,7 @@ from antwort_grpc.engine.runs import RunRegistry
 from antwort_grpc.engine.tools import ToolSet, resolve_tools
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.executors.base import ToolExecutor, current_deadline
+from antwort_grpc.hooks.dispatch import Dispatcher, HookFailed, HookRun
 from antwort_grpc.providers.base import (
     Completion,
     FinishReason,
@@ -69,6 +73,10 @@ class EngineConfig:
     history_max_depth: int = 100
     # How long a call waits for an approve/deny decision before it is denied with reason "timeout".
     approval_timeout: float = 300.0
+    # The server's maximums of execution limits and the context window (max_turns above wins).
+    limits: ServerLimits | None = None
+    # Policy hooks; None: none are configured, and none are ever asked.
+    hooks: Dispatcher | None = None
 
 
 class _Stopped(Exception):
@@ -80,7 +88,7 @@ class ModelCall:
     awaited in a task of its own, so the backend's round trip overlaps whatever the loop writes
     before it reads the stream."""
 
-    __slots__ = ("completion", "first", "stream")
+    __slots__ = ("answered", "completion", "first", "stream")
 
     def __init__(
         self, stream: AsyncIterator[ProviderEvent] | None = None, completion: Awaitable[Completion] | None = None
@@ -88,6 +96,8 @@ class ModelCall:
         self.stream = stream
         self.completion = completion
         self.first: asyncio.Task[ProviderEvent] | None = None
+        # A before-model hook's answer, not the model's.
+        self.answered = False
         if stream is not None:
             self.first = asyncio.create_task(_next_delta(stream))
 
@@ -108,6 +118,7 @@ class Engine:
         self.store = store
         self.config = config or EngineConfig()
         self.runs = RunRegistry()
+        self.server_limits = dataclasses.replace(self.config.limits or ServerLimits(), max_turns=self.config.max_turns)
 
     # -- the public entry points ----------------------------------------------------------------
 
@@ -118,6 +129,7 @@ class Engine:
         owner: str = "",
         timeout: float | None = None,
         controller: bool = False,
+        hook_run: HookRun | None = None,
     ) -> Run:
         """Prepare and store a new response; iterate `run.events()` to run it. Raises RequestError
         (and nothing is stored) when it cannot start. The request is expected to have passed
@@ -125,6 +137,8 @@ class Engine:
 
         `controller`: a client stays attached that can decide approvals while the run waits."""
         run = await self._prepare(request, owner, controller)
+        run.governor = Governor(request, self.server_limits, self.config.hooks, hook_run)
+        run.governor.bind(run.response)
         # Stored before the client learns the id: from then on any replica can read or cancel
         # it, and a crash leaves it to be found and marked interrupted.
         await self._save(run, required=True)
@@ -190,15 +204,19 @@ class Engine:
         finished = False
         try:
             resumed = run.continuation
+            run.governor.start_clock(run.stop)
             if (
                 run.request.stream
                 and self.config.max_turns > 0
                 and not (resumed.calls or resumed.outputs or resumed.handoff)
+                and run.governor.early_call_allowed
             ):
                 # The model is asked now: its round trip overlaps the writes of the two events below.
                 run.early = self._call_model(run, 1)
             yield emitter.created()
             yield emitter.in_progress()
+            for event in run.governor.hook_events(emitter):
+                yield event
             try:
                 async for event in self._turns(run):
                     yield event
@@ -214,12 +232,25 @@ class Engine:
             except ProviderError as err:
                 log.warning("response %s: provider error %s: %s", run.response_id, err.code, err.message)
                 run.outcome = Failed(err.code, err.message)
+            except HookFailed as err:
+                run.outcome = Failed("hook_failed", str(err))
             except Exception as err:
                 log.exception("response %s failed", run.response_id)
                 run.outcome = Failed("internal_error", f"{type(err).__name__}: {err}")
             for event in emitter.close_turn(ItemStatus.ITEM_STATUS_INCOMPLETE):
                 yield event
+            run.governor.stop_clock()
             self._finish(run)
+            run.governor.write(run.response)
+            failed = await run.governor.after_response(run.response)
+            if failed is not None:
+                # A fail-closed audit hook that could not see the response: it fails instead.
+                run.response.status = S.RESPONSE_STATUS_IN_PROGRESS
+                run.response.ClearField("incomplete_details")
+                run.outcome = failed
+                self._finish(run)
+            for event in run.governor.hook_events(emitter):
+                yield event
             await asyncio.shield(self._save(run))
             finished = True
             yield emitter.terminal(*_handed_out(run.outcome))
@@ -236,6 +267,7 @@ class Engine:
                         self._finish(run)
                     await asyncio.shield(self._save(run))
             finally:
+                run.governor.stop_clock()
                 self.runs.finish(run)
 
     async def _turns(self, run: Run) -> AsyncIterator[pb.StreamEvent]:
@@ -248,6 +280,9 @@ class Engine:
             async for event in self._execute(run, ExecuteTools(resumed.calls, resumed.outputs)):
                 yield event
             await self._save(run)
+            if (failure := run.governor.tool_failure()) is not None:
+                run.outcome = failure
+                return
         if resumed.handoff:
             run.outcome = RequiresAction(resumed.handoff)
             return
@@ -255,15 +290,17 @@ class Engine:
         while True:
             async for event in self._checkpoint(run):
                 yield event
-            if run.turn >= self.config.max_turns:
-                run.outcome = Incomplete("max_turns")
+            if (reason := run.governor.limit_reached(run.turn, run.response)) is not None:
+                run.outcome = Incomplete(reason)
                 return
             run.turn += 1
             turn = run.turn
             began = clock.time()
             yield emitter.turn_started(turn, run.round)
             emitter.start_turn()
-            call, run.early = run.early or self._call_model(run, turn), None
+            call, run.early = run.early or await self._model_call(run, turn), None
+            for event in run.governor.hook_events(emitter):
+                yield event
             finish: FinishReason | None = FinishReason.STOP
             if call.stream is not None:
                 async for step in self._stream_turn(run, call):
@@ -282,6 +319,9 @@ class Engine:
                             yield event
             produced = list(emitter.turn_items)
             run.context += produced
+            await run.governor.model_ended(turn, produced, run.response.usage, call.answered)
+            for event in run.governor.hook_events(emitter):
+                yield event
             calls = [i.function_call for i in produced if i.WhichOneof("kind") == "function_call"]
             if finish is None:
                 # Cut short by a steering message: its calls never run.
@@ -308,6 +348,12 @@ class Engine:
                 yield emitter.turn_completed(turn, clock.time() - began)
                 run.outcome = screened
                 return
+            if run.governor.tool_calls_exceed(screened.accepted, run.tools.server_side):
+                for event in self._add_outputs(run, screened.rejected):
+                    yield event
+                yield emitter.turn_completed(turn, clock.time() - began)
+                run.outcome = Incomplete("max_tool_calls")
+                return
             # Before the calls start: pause, then approvals.
             async for event in self._checkpoint(run, inject=False):
                 yield event
@@ -329,15 +375,29 @@ class Engine:
             # Tool results can be expensive to redo: a crash from here on keeps them.
             await self._save(run)
             yield emitter.turn_completed(turn, clock.time() - began)
+            if (failure := run.governor.tool_failure()) is not None:
+                run.outcome = failure
+                return
 
     # -- the model --------------------------------------------------------------------------------
 
-    def _call_model(self, run: Run, turn: int) -> ModelCall:
+    def _call_model(self, run: Run, turn: int, request: TurnRequest | None = None) -> ModelCall:
         """The one place the model is called."""
-        request = self._turn_request(run, turn)
+        request = request or self._turn_request(run, turn)
+        run.governor.model_started(run.response.usage)
         if run.request.stream:
-            return ModelCall(stream=aiter(self.provider.stream(request)))
-        return ModelCall(completion=self.provider.complete(request))
+            return ModelCall(stream=run.governor.stream(self.provider, request))
+        return ModelCall(completion=run.governor.complete(self.provider, request))
+
+    async def _model_call(self, run: Run, turn: int) -> ModelCall:
+        """Before-model hooks first: they may change the call, or answer in the model's place."""
+        decided = await run.governor.before_model(turn, self._turn_request(run, turn))
+        if isinstance(decided, Completion):
+            run.governor.model_started(run.response.usage)
+            call = ModelCall(completion=_given(decided))
+            call.answered = True
+            return call
+        return self._call_model(run, turn, decided)
 
     def _turn_request(self, run: Run, turn: int) -> TurnRequest:
         request = run.request
@@ -345,11 +405,13 @@ class Engine:
         return TurnRequest(
             model=run.response.model,
             instructions=request.instructions,
-            items=tuple(run.context),
+            items=run.governor.context(run.context, request.instructions),
             tools=run.tools.functions,
             tool_choice=policy.turn_tool_choice(choice, turn),
             parallel_tool_calls=run.response.parallel_tool_calls,
-            max_output_tokens=request.max_output_tokens if request.HasField("max_output_tokens") else None,
+            max_output_tokens=run.governor.output_budget(
+                request.max_output_tokens if request.HasField("max_output_tokens") else None, run.response
+            ),
             temperature=request.temperature if request.HasField("temperature") else None,
             top_p=request.top_p if request.HasField("top_p") else None,
         )
@@ -439,6 +501,10 @@ class Engine:
         (at a turn boundary)."""
         if run.reason:
             raise _Stopped
+        if run.pause_reason is None and run.governor.wants(pb.HookPoint.HOOK_POINT_PAUSE_CHECK):
+            run.pause_reason = await run.governor.pause_check(run.turn, before_tools=not inject)
+            for event in run.governor.hook_events(run.emitter):
+                yield event
         if run.pause_reason is not None:
             run.paused = True
             yield run.emitter.paused(run.pause_reason)
@@ -488,7 +554,14 @@ class Engine:
             return
         routes = run.tools.routes
         server_side = run.tools.server_side
-        waiting = [c for c in accepted if policy.needs_approval(c.name, routes[c.name].tool)]
+        # Approve-tool hooks decide first, on the same path as a client's decision.
+        accepted, denied, hook_approved = await run.governor.approvals(accepted, routes)
+        rejected += denied
+        for event in run.governor.hook_events(run.emitter):
+            yield event
+        waiting = [
+            c for c in accepted if c.call_id not in hook_approved and policy.needs_approval(c.name, routes[c.name].tool)
+        ]
         if not waiting:
             yield policy.route_calls(accepted, rejected, server_side)
             return
@@ -572,15 +645,7 @@ class Engine:
 
         async def one(position: int, call: pb.FunctionCall) -> None:
             route = run.tools.routes[call.name]
-            assert route.executor is not None
-            try:
-                result = await route.executor.execute(call, route.tool, lambda m: queue.put_nowait((position, m)))
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                log.warning("tool %s (%s) failed: %s", call.name, call.call_id, err)
-                result = pb.FunctionCallOutput(output=f"tool {call.name!r} failed: {err}", is_error=True)
-            result.call_id = call.call_id
+            result = await run.governor.run_tool(call, route, lambda m: queue.put_nowait((position, m)))
             queue.put_nowait((position, result))
 
         for position, call in enumerate(plan.calls):
@@ -603,14 +668,18 @@ class Engine:
                     continue
                 results[position] = update
                 if found:
-                    yield emitter.tool_finished(found[0], found[1], update)
+                    yield emitter.tool_finished(found[0], found[1], update, call.call_id in run.governor.timed_out)
+                for event in run.governor.hook_events(emitter):
+                    yield event
                 if run.reason:
                     raise _Stopped
+                if run.governor.failed_call is not None:
+                    break  # FAIL mode: the calls still running are cancelled; outputs so far kept
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        outputs = [results[p] for p in range(len(plan.calls))]
+        outputs = [results[p] for p in range(len(plan.calls)) if p in results]
         by_call = {o.call_id: o for o in outputs + list(plan.rejected)}
         # Model order: the order of the calls in the output, rejected ones included.
         ordered = [
@@ -656,6 +725,7 @@ class Engine:
     async def _save(self, run: Run, *, required: bool = False) -> None:
         """Store the response as it is. `required` (the first save): a store that fails refuses
         the response, rather than run one that could never be read back or continued."""
+        run.governor.write(run.response)
         if not run.response.store:
             return
         try:
@@ -693,6 +763,10 @@ def _approval_request(call: pb.FunctionCall, tool: pb.Tool) -> pb.ApprovalReques
     return pb.ApprovalRequest(call_id=call.call_id, name=call.name, arguments=call.arguments, server_label=label)
 
 
+async def _given(completion: Completion) -> Completion:
+    return completion
+
+
 async def _next_delta(stream: AsyncIterator[ProviderEvent]) -> ProviderEvent:
     """The first delta, awaited in a task of its own (a task needs a coroutine)."""
     try:
@@ -708,6 +782,8 @@ async def _close(stream: AsyncIterator[ProviderEvent]) -> None:
 
 
 def _stop_outcome(run: Run) -> FinalOutcome:
+    if run.reason == "max_duration":
+        return Incomplete("max_duration")
     if run.reason == "deadline":
         return Failed("deadline_exceeded", "the request's deadline passed before the response finished")
     return Cancelled()

@@ -23,6 +23,7 @@ import grpc
 
 from antwort_grpc import pb
 from antwort_grpc.engine.emitter import ResponseEmitter
+from antwort_grpc.engine.governor import Governor
 from antwort_grpc.engine.outcomes import Completed, FinalOutcome
 from antwort_grpc.engine.tools import ToolSet
 from antwort_grpc.errors import FieldViolation, RequestError
@@ -74,6 +75,8 @@ class Run:
         # A client is attached that can decide approvals while the run waits (a Converse stream).
         self.controller = controller
         self.continuation = continuation or Continuation()
+        # The policy over the run (hooks, limits, timeouts, window, metrics); Engine.start sets it.
+        self.governor = Governor(request)
         self.outcome: FinalOutcome = Completed()
         # The first turn's model call, started before `created` is written.
         self.early: ModelCall | None = None

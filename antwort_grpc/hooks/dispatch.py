@@ -245,11 +245,17 @@ class Dispatcher:
                 approval = Approval(True, reply.reason, hook.name)
         return approval
 
-    async def pause_check(self, run: HookRun) -> str | None:
+    async def pause_check(self, run: HookRun, before_tools: bool = False) -> str | None:
         """The reason to pause, or None."""
         point = P.HOOK_POINT_PAUSE_CHECK
+        at = (
+            pb.PauseCheckRequest.CHECK_POINT_BEFORE_TOOLS
+            if before_tools
+            else pb.PauseCheckRequest.CHECK_POINT_TURN_BOUNDARY
+        )
         for hook in self._hooks(point):
-            reply = await self._ask(run, hook, point, pb.PauseCheckRequest(context=run.context), pb.PauseCheckResponse)
+            ask = pb.PauseCheckRequest(context=run.context, check_point=at)
+            reply = await self._ask(run, hook, point, ask, pb.PauseCheckResponse)
             if reply is not None and reply.pause:
                 return reply.reason or f"paused by hook {hook.name}"
         return None

@@ -207,10 +207,20 @@ class ApproveToolResponse(_message.Message):
     def __init__(self, decision: _Optional[_Union[ApproveToolResponse.Decision, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class PauseCheckRequest(_message.Message):
-    __slots__ = ("context",)
+    __slots__ = ("context", "check_point")
+    class CheckPoint(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        CHECK_POINT_UNSPECIFIED: _ClassVar[PauseCheckRequest.CheckPoint]
+        CHECK_POINT_TURN_BOUNDARY: _ClassVar[PauseCheckRequest.CheckPoint]
+        CHECK_POINT_BEFORE_TOOLS: _ClassVar[PauseCheckRequest.CheckPoint]
+    CHECK_POINT_UNSPECIFIED: PauseCheckRequest.CheckPoint
+    CHECK_POINT_TURN_BOUNDARY: PauseCheckRequest.CheckPoint
+    CHECK_POINT_BEFORE_TOOLS: PauseCheckRequest.CheckPoint
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    CHECK_POINT_FIELD_NUMBER: _ClassVar[int]
     context: HookContext
-    def __init__(self, context: _Optional[_Union[HookContext, _Mapping]] = ...) -> None: ...
+    check_point: PauseCheckRequest.CheckPoint
+    def __init__(self, context: _Optional[_Union[HookContext, _Mapping]] = ..., check_point: _Optional[_Union[PauseCheckRequest.CheckPoint, str]] = ...) -> None: ...
 
 class PauseCheckResponse(_message.Message):
     __slots__ = ("pause", "reason")

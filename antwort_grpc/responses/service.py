@@ -17,9 +17,11 @@ from antwort_grpc import pb
 from antwort_grpc.engine import Engine
 from antwort_grpc.engine.run import Run
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument, not_found
+from antwort_grpc.hooks.service import Caller
+from antwort_grpc.responses.admission import admit
 from antwort_grpc.responses.controls import validate_control
 from antwort_grpc.responses.limits import DEFAULT_LIMITS, Limits
-from antwort_grpc.responses.validation import check_create, check_id
+from antwort_grpc.responses.validation import check_create, check_id, validate_create, validate_policy
 from antwort_grpc.storage.base import RUNNING, CancelSignals, ControlSignals, ResponseStore, StoredResponse
 
 S = pb.ResponseStatus
@@ -43,10 +45,20 @@ class Responses:
         owner: str = "",
         timeout: float | None = None,
         controller: bool = False,
+        caller: Caller | None = None,
     ) -> Run:
         """A started (and stored) response; iterate `run.events()` to run it."""
         await check_create(request, self.limits)
-        return await self.engine.start(request, owner=owner, timeout=timeout, controller=controller)
+        server = self.engine.server_limits
+        violations = validate_policy(request, server)
+        if violations:
+            raise invalid_argument(violations)
+
+        def problems(replaced: pb.CreateResponseRequest) -> list[FieldViolation]:
+            return validate_create(replaced, self.limits) + validate_policy(replaced, server)
+
+        request, hook_run = await admit(self.engine.config.hooks, request, caller or Caller(owner=owner), problems)
+        return await self.engine.start(request, owner=owner, timeout=timeout, controller=controller, hook_run=hook_run)
 
     async def get(self, response_id: str, owner: str = "") -> pb.Response:
         _require_id(response_id)

@@ -18,13 +18,16 @@ from antwort_grpc.auth.build import build_authenticator, refuse_open_listen
 from antwort_grpc.auth.interceptor import AuthInterceptor, ConcurrencyLimit
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.engine import Engine, EngineConfig
+from antwort_grpc.engine.limits import ServerLimits
 from antwort_grpc.executors.base import ToolExecutor
+from antwort_grpc.hooks import Dispatcher, build_hooks
 from antwort_grpc.observability import Observability
 from antwort_grpc.providers.base import Provider, ProviderHealth
 from antwort_grpc.responses.limits import Limits
 from antwort_grpc.server.decode import add_parsing_servicer
 from antwort_grpc.server.servicer import ResponsesServicer
 from antwort_grpc.server.tls import server_credentials
+from antwort_grpc.startup import StartupError
 from antwort_grpc.storage.base import CancelSignals, ControlSignals, ResponseStore
 
 log = logging.getLogger(__name__)
@@ -78,6 +81,8 @@ class Gateway:
             self.unsubscribe()
         if self.observability is not None:
             self.observability.stop()
+        if self.engine.config.hooks is not None:
+            await self.engine.config.hooks.close()
 
 
 def limits_of(settings: GatewaySettings) -> Limits:
@@ -88,6 +93,32 @@ def limits_of(settings: GatewaySettings) -> Limits:
         max_input_items=settings.max_input_items,
         max_metadata=settings.max_metadata,
     )
+
+
+def server_limits(settings: GatewaySettings) -> ServerLimits:
+    return ServerLimits(
+        max_turns=settings.max_turns,
+        max_tool_calls=settings.max_tool_calls,
+        max_duration=settings.max_duration,
+        max_output_tokens=settings.max_output_tokens,
+        max_tool_timeout=settings.executor_call_timeout,
+        context_max_items=settings.context_max_items,
+        context_max_tokens=settings.context_max_tokens,
+    )
+
+
+async def start_hooks(settings: GatewaySettings) -> Dispatcher | None:
+    """The configured hooks, started (a hook service that is down is retried in the background,
+    its failure policy applying meanwhile); None when there are none."""
+    if not settings.hooks:
+        return None
+    try:
+        clients = build_hooks(settings.hooks, settings.hook_timeout, settings.hook_failure == "open")
+    except ValueError as error:
+        raise StartupError(f"--hook / ANTWORT_HOOKS: {error}") from error
+    hooks = Dispatcher(clients)
+    await hooks.start()
+    return hooks
 
 
 def _host_of(listen: str) -> str:
@@ -120,6 +151,8 @@ async def start_gateway(
             default_model=settings.model,
             history_max_depth=settings.history_max_depth,
             approval_timeout=settings.approval_timeout,
+            limits=server_limits(settings),
+            hooks=await start_hooks(settings),
         ),
     )
     server = grpc.aio.server(

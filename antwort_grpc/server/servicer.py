@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
@@ -15,6 +16,7 @@ from antwort_grpc.auth import current_owner
 from antwort_grpc.engine import Engine
 from antwort_grpc.engine.run import Run
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
+from antwort_grpc.hooks.service import Caller
 from antwort_grpc.responses.controls import validate_control
 from antwort_grpc.responses.limits import DEFAULT_LIMITS, Limits
 from antwort_grpc.responses.service import Responses, rejection
@@ -30,6 +32,12 @@ def owner_of(context: Context) -> str:
     return current_owner()
 
 
+def caller_of(context: Context) -> Caller:
+    """Who is calling and the trace they call in: passed on to hook services."""
+    caller = Caller.from_metadata(context.invocation_metadata() or ())
+    return dataclasses.replace(caller, owner=owner_of(context))
+
+
 class ResponsesServicer(pb.ResponsesServiceServicer):
     def __init__(self, engine: Engine, store: ResponseStore, limits: Limits = DEFAULT_LIMITS) -> None:
         self.responses = Responses(engine, store, limits)
@@ -38,7 +46,9 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
         self, request: pb.CreateResponseRequest, context: Context
     ) -> AsyncIterator[pb.CreateResponseResponse]:
         try:
-            run = await self.responses.create(request, owner=owner_of(context), timeout=context.time_remaining())
+            run = await self.responses.create(
+                request, owner=owner_of(context), timeout=context.time_remaining(), caller=caller_of(context)
+            )
         except RequestError as err:
             await abort(context, err)
             return
@@ -114,6 +124,7 @@ class _Session:
         self.requests = requests
         self.context = context
         self.owner = owner_of(context)
+        self.caller = caller_of(context)
         # What the reader hands over: the next response to start, the error that ends the stream
         # (a bad first message), or None once the client has stopped sending.
         self.creates: asyncio.Queue[pb.CreateResponseRequest | RequestError | None] = asyncio.Queue()
@@ -134,7 +145,11 @@ class _Session:
                 request.stream = True  # a session always streams its events
                 try:
                     run = await self.responses.create(
-                        request, owner=self.owner, timeout=self.context.time_remaining(), controller=True
+                        request,
+                        owner=self.owner,
+                        timeout=self.context.time_remaining(),
+                        controller=True,
+                        caller=self.caller,
                     )
                 except RequestError as err:
                     self.early = None

@@ -68,7 +68,8 @@ class Recorder(PolicyHook):
         return pb.ApproveToolResponse()
 
     async def pause_check(self, request: pb.PauseCheckRequest) -> pb.PauseCheckResponse:
-        record("pause_check", turn=request.context.turn)
+        at = pb.PauseCheckRequest.CheckPoint.Name(request.check_point)
+        record("pause_check", turn=request.context.turn, at=at)
         return pb.PauseCheckResponse()
 
 
@@ -111,7 +112,7 @@ class Garbage(PolicyHook):
 
 class Rewrites(PolicyHook):
     """Changes what it may: the model call's instructions and temperature, an appended developer
-    note, `add`'s arguments (doubled), results (bracketed)."""
+    note, numbers in tool arguments (doubled), results (bracketed)."""
 
     name = "rewrites"
 
@@ -127,11 +128,72 @@ class Rewrites(PolicyHook):
         return pb.BeforeModelResponse(change=change)
 
     async def before_tool(self, request: pb.BeforeToolRequest) -> pb.BeforeToolResponse:
-        if request.call.name != "add":
-            return pb.BeforeToolResponse()
         args = json.loads(request.call.arguments)
-        return pb.BeforeToolResponse(arguments=json.dumps({k: v * 2 for k, v in args.items()}))
+        doubled = {k: v * 2 if isinstance(v, int | float) else v for k, v in args.items()}
+        return pb.BeforeToolResponse(arguments=json.dumps(doubled))
 
     async def after_tool(self, request: pb.AfterToolRequest) -> pb.AfterToolResponse:
         result = pb.FunctionCallOutput(output=f"[{request.result.output}]", is_error=request.result.is_error)
         return pb.AfterToolResponse(result=result)
+
+
+class Answers(PolicyHook):
+    """Answers every model call itself."""
+
+    name = "answers"
+
+    async def before_model(self, request: pb.BeforeModelRequest) -> pb.BeforeModelResponse:
+        text = pb.ContentPart(output_text=pb.OutputText(text="cached answer"))
+        answer = pb.ModelAnswer(output=[pb.Item(message=pb.Message(content=[text]))])
+        return pb.BeforeModelResponse(answer=answer)
+
+
+class Rejects(PolicyHook):
+    """Refuses requests whose metadata says tier=free; gives every other request a model."""
+
+    name = "rejects"
+
+    async def before_response(self, request: pb.BeforeResponseRequest) -> pb.BeforeResponseResponse:
+        if request.request.metadata.get("tier") == "free":
+            return pb.BeforeResponseResponse(reject_reason="no budget left")
+        changed = pb.CreateResponseRequest()
+        changed.CopyFrom(request.request)
+        changed.instructions = "Answer in French."
+        return pb.BeforeResponseResponse(request=changed)
+
+
+class Pauses(PolicyHook):
+    """Pauses before the second turn."""
+
+    name = "pauses"
+
+    async def pause_check(self, request: pb.PauseCheckRequest) -> pb.PauseCheckResponse:
+        boundary = request.check_point == pb.PauseCheckRequest.CHECK_POINT_TURN_BOUNDARY
+        return pb.PauseCheckResponse(pause=boundary and request.context.turn == 1, reason="review turn 1")
+
+
+class Gatekeeper(PolicyHook):
+    """Denies `rm`, approves everything else."""
+
+    name = "gatekeeper"
+
+    async def approve_tool(self, request: pb.ApproveToolRequest) -> pb.ApproveToolResponse:
+        if request.call.name == "rm":
+            return pb.ApproveToolResponse(decision=pb.ApproveToolResponse.DECISION_DENY, reason="destructive")
+        return pb.ApproveToolResponse(decision=pb.ApproveToolResponse.DECISION_APPROVE, reason="fine")
+
+
+class AuditDown(PolicyHook):
+    """An audit hook whose log is gone."""
+
+    name = "audit-down"
+
+    async def after_response(self, request: pb.AfterResponseRequest) -> pb.AfterResponseResponse:
+        raise RuntimeError("audit log unavailable")
+
+
+class ToolOnlyCrash(PolicyHook):
+    name = "tool-only-crash"
+
+    async def before_tool(self, request: pb.BeforeToolRequest) -> pb.BeforeToolResponse:
+        raise RuntimeError("policy engine down")

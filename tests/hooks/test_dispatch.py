@@ -15,7 +15,7 @@ from antwort_grpc.hooks import Caller, Dispatcher, HookFailed, HookRejected, Hoo
 from antwort_grpc.hooks.clients import parse_spec
 from antwort_grpc.hooks.service import PolicyHook
 from tests.executors.remote_services import free_port, start_process, stop_process
-from tests.hooks.hook_services import Recorder, Rewrites, read_record
+from tests.hooks.hook_services import Answers, Gatekeeper, Pauses, Recorder, Rewrites, read_record
 
 P = pb.HookPoint
 CALL = pb.FunctionCall(call_id="call_1", name="add", arguments='{"a": 1, "b": 2}')
@@ -139,38 +139,6 @@ def local(*hooks: PolicyHook, fail_open: bool = False) -> Dispatcher:
     return Dispatcher([LocalHook(h, 1.0, fail_open) for h in hooks])
 
 
-class DenyRm(PolicyHook):
-    name = "deny-rm"
-
-    async def approve_tool(self, request: pb.ApproveToolRequest) -> pb.ApproveToolResponse:
-        if request.call.name == "rm":
-            return pb.ApproveToolResponse(decision=pb.ApproveToolResponse.DECISION_DENY, reason="destructive")
-        return pb.ApproveToolResponse(decision=pb.ApproveToolResponse.DECISION_APPROVE)
-
-
-class Answers(PolicyHook):
-    name = "answers"
-
-    async def before_model(self, request: pb.BeforeModelRequest) -> pb.BeforeModelResponse:
-        text = pb.ContentPart(output_text=pb.OutputText(text="cached answer"))
-        answer = pb.ModelAnswer(output=[pb.Item(message=pb.Message(content=[text]))])
-        return pb.BeforeModelResponse(answer=answer)
-
-
-class Rejects(PolicyHook):
-    name = "rejects"
-
-    async def before_response(self, request: pb.BeforeResponseRequest) -> pb.BeforeResponseResponse:
-        return pb.BeforeResponseResponse(reject_reason="no budget left")
-
-
-class Pauses(PolicyHook):
-    name = "pauses"
-
-    async def pause_check(self, request: pb.PauseCheckRequest) -> pb.PauseCheckResponse:
-        return pb.PauseCheckResponse(pause=request.context.turn >= 2, reason="review turn 2")
-
-
 async def test_hooks_run_in_order_and_each_sees_the_previous_change() -> None:
     call = pb.ModelCall(instructions="answer", tools=[pb.FunctionTool(name="add")])
     decision = await local(Rewrites(), Rewrites()).before_model(new_run(), call)
@@ -192,7 +160,7 @@ async def test_before_model_answer_replaces_the_model_call_as_an_assistant_messa
 
 
 async def test_approval_deny_wins_over_an_earlier_approve() -> None:
-    hooks = local(DenyRm(), DenyRm())
+    hooks = local(Gatekeeper(), Gatekeeper())
     rm = pb.FunctionCall(call_id="c", name="rm")
     approval = await hooks.approve_tool(new_run(), rm, TOOL)
     assert approval is not None and not approval.approved and approval.reason == "destructive"
@@ -203,9 +171,14 @@ async def test_approval_deny_wins_over_an_earlier_approve() -> None:
 
 async def test_before_response_reject_and_replace() -> None:
     request = pb.CreateResponseRequest(input_text="hi", stream=True)
+
+    class Rejects(PolicyHook):
+        async def before_response(self, request: pb.BeforeResponseRequest) -> pb.BeforeResponseResponse:
+            return pb.BeforeResponseResponse(reject_reason="no budget left")
+
     with pytest.raises(HookRejected) as rejected:
         await local(Rejects()).before_response(new_run(), request, lambda r: [])
-    assert rejected.value.reason == "no budget left" and rejected.value.hook == "rejects"
+    assert rejected.value.reason == "no budget left" and rejected.value.hook == "hook"
 
     class Replaces(PolicyHook):
         async def before_response(self, request: pb.BeforeResponseRequest) -> pb.BeforeResponseResponse:
@@ -220,9 +193,11 @@ async def test_before_response_reject_and_replace() -> None:
 
 async def test_pause_check_gives_the_hooks_reason() -> None:
     run = new_run()
-    assert await local(Pauses()).pause_check(run) is None
     run.context.turn = 2
-    assert await local(Pauses()).pause_check(run) == "review turn 2"
+    assert await local(Pauses()).pause_check(run) is None
+    run.context.turn = 1
+    assert await local(Pauses()).pause_check(run, before_tools=True) is None
+    assert await local(Pauses()).pause_check(run) == "review turn 1"
 
 
 async def test_hook_answering_the_wrong_message_type_is_garbage() -> None:

@@ -13,6 +13,17 @@ from pydantic import ValidationError
 from antwort_grpc.providers.base import ProviderError
 from antwort_grpc.providers.openai.wire import ErrorEnvelope
 
+# How backends say a request is longer than the model's context: OpenAI's and vLLM's code and
+# message, llama.cpp's error type, Ollama's and LiteLLM's wording.
+_CONTEXT_MARKERS = (
+    "context_length_exceeded",
+    "maximum context length",
+    "exceed_context_size",
+    "exceeds the available context size",
+    "context window",
+    "too many tokens",
+)
+
 # Statuses worth another try: the backend is overloaded, restarting or behind a flaky proxy.
 RETRY_STATUSES = frozenset({408, 500, 502, 503, 504})
 
@@ -32,6 +43,10 @@ def backend_message(body: bytes) -> str:
 def status_error(status: int, body: bytes, *, model: str, url: str) -> ProviderError:
     """The error for a non-2xx answer. `retryable` says whether another try may help."""
     detail = backend_message(body) or f"HTTP {status}"
+    if status in (400, 413) and _context_too_long(body):
+        return ProviderError(
+            "context_length_exceeded", f"the conversation is longer than the model's context: {detail}"
+        )
     if status in (401, 403):
         return ProviderError(
             "backend_auth",
@@ -49,6 +64,11 @@ def status_error(status: int, body: bytes, *, model: str, url: str) -> ProviderE
     if status >= 500:
         return ProviderError("backend_unavailable", f"the model backend answered HTTP {status}: {detail}")
     return ProviderError("invalid_request", f"the model backend refused the request (HTTP {status}): {detail}")
+
+
+def _context_too_long(body: bytes) -> bool:
+    text = body[:2000].decode("utf-8", "replace").lower()
+    return any(marker in text for marker in _CONTEXT_MARKERS)
 
 
 def retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:

@@ -1,0 +1,348 @@
+"""The policy over one run, in one place the loop asks at its check points: hooks, execution
+limits, tool timeouts, the tool failure mode, the context window, and the run's metrics.
+
+The loop stays the loop: it calls a Governor method where a policy applies and acts on the
+answer. Everything here is cheap when nothing is configured: no hooks means no hook request is
+ever built (`wants` is one attribute test), truncation DISABLED means the model sees the context
+as it is, and metrics are a few additions per turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from antwort_grpc import pb
+from antwort_grpc.engine import window as windows
+from antwort_grpc.engine.limits import (
+    RunLimits,
+    ServerLimits,
+    ToolTimeouts,
+    output_budget,
+    output_tokens_spent,
+    run_limits,
+)
+from antwort_grpc.engine.metrics import RunRecorder
+from antwort_grpc.engine.outcomes import Failed
+from antwort_grpc.executors.base import ProgressSink, ToolTimeoutSource
+from antwort_grpc.hooks.dispatch import Dispatcher, HookFailed, HookFailure, HookRun
+from antwort_grpc.hooks.service import Caller
+from antwort_grpc.providers.base import Completion, Provider, ProviderError, ProviderEvent, TurnRequest
+
+if TYPE_CHECKING:
+    from antwort_grpc.engine.emitter import ResponseEmitter
+    from antwort_grpc.engine.tools import Route
+
+P = pb.HookPoint
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+
+class Governor:
+    def __init__(
+        self,
+        request: pb.CreateResponseRequest,
+        server: ServerLimits | None = None,
+        hooks: Dispatcher | None = None,
+        hook_run: HookRun | None = None,
+    ) -> None:
+        server = server or ServerLimits()
+        self.request = request
+        self.limits: RunLimits = run_limits(request, server)
+        self.timeouts = ToolTimeouts.of(request)
+        self.fail_on_tool_error = request.tool_failure_mode == pb.ToolFailureMode.TOOL_FAILURE_MODE_FAIL
+        self.truncate = request.truncation == pb.Truncation.TRUNCATION_AUTO
+        self.window_limits = server.context
+        self.hooks = hooks if hooks is not None and hooks.hooks else None
+        self.hook_run = hook_run or (HookRun(Caller(), pb.HookContext()) if self.hooks else None)
+        self.metrics = RunRecorder()
+        # The most items any model call left out.
+        self.omitted = 0
+        # Calls cancelled by their timeout (their tool event says so).
+        self.timed_out: set[str] = set()
+        # The first executed call that failed, when the failure mode is FAIL.
+        self.failed_call: tuple[pb.FunctionCall, pb.FunctionCallOutput] | None = None
+        self._clock: asyncio.TimerHandle | None = None
+        self._model_started = 0.0
+        self._usage_before = (0, 0, 0)
+
+    def bind(self, response: pb.Response) -> None:
+        """The response this run builds: hooks learn its id, model and metadata."""
+        if self.hook_run is not None:
+            context = self.hook_run.context
+            context.response_id = response.id
+            context.model = response.model
+            context.previous_response_id = response.previous_response_id
+            context.metadata.update(response.metadata)
+
+    # -- hooks ----------------------------------------------------------------------------------
+
+    def wants(self, point: int) -> bool:
+        return self.hooks is not None and self.hooks.wants(point)
+
+    @property
+    def early_call_allowed(self) -> bool:
+        """Whether the first model call may start before anything else (no hook must see it first)."""
+        return not (self.wants(P.HOOK_POINT_BEFORE_MODEL) or self.wants(P.HOOK_POINT_PAUSE_CHECK))
+
+    def hook_events(self, emitter: ResponseEmitter) -> list[pb.StreamEvent]:
+        """`hook_failed` events for the fail-open failures since the last call."""
+        if self.hook_run is None or not self.hook_run.failures:
+            return []
+        return [emitter.hook_failed(_event(f)) for f in self.hook_run.take_failures()]
+
+    def _turn(self, turn: int) -> HookRun:
+        assert self.hooks is not None and self.hook_run is not None
+        self.hook_run.context.turn = turn
+        return self.hook_run
+
+    async def pause_check(self, turn: int, before_tools: bool) -> str | None:
+        assert self.hooks is not None
+        return await self.hooks.pause_check(self._turn(turn), before_tools)
+
+    async def after_response(self, response: pb.Response) -> Failed | None:
+        """Audit hooks see the response as it ends; a fail-closed failure fails it instead."""
+        if not self.wants(P.HOOK_POINT_AFTER_RESPONSE):
+            return None
+        assert self.hooks is not None and self.hook_run is not None
+        try:
+            await self.hooks.after_response(self.hook_run, response)
+        except HookFailed as failed:
+            return Failed("hook_failed", str(failed))
+        return None
+
+    # -- limits ---------------------------------------------------------------------------------
+
+    def start_clock(self, stop: Any) -> None:
+        """Call `stop("max_duration")` when the response's wall time limit passes."""
+        if self.limits.max_duration is not None:
+            self._clock = asyncio.get_running_loop().call_later(self.limits.max_duration, stop, "max_duration")
+
+    def stop_clock(self) -> None:
+        if self._clock is not None:
+            self._clock.cancel()
+
+    def limit_reached(self, turns_done: int, response: pb.Response) -> str | None:
+        """At a turn boundary: the limit that ends the response before another turn, if any."""
+        if turns_done >= self.limits.max_turns:
+            return "max_turns"
+        if output_tokens_spent(self.limits, response.usage.output_tokens):
+            return "max_output_tokens"
+        return None
+
+    def tool_calls_exceed(self, calls: Sequence[pb.FunctionCall], server_side: frozenset[str]) -> bool:
+        """Before calls start: whether running these would go past the tool call limit."""
+        if self.limits.max_tool_calls is None:
+            return False
+        planned = sum(1 for c in calls if c.name in server_side)
+        return self.metrics.tool_calls + planned > self.limits.max_tool_calls
+
+    # -- the model ------------------------------------------------------------------------------
+
+    def context(self, items: Sequence[pb.Item], instructions: str) -> tuple[pb.Item, ...]:
+        """What the model sees of the conversation (truncation AUTO: the window)."""
+        if not self.truncate or self.window_limits.unlimited:
+            return tuple(items)
+        window = windows.apply_window(items, instructions, self.window_limits)
+        self.omitted = max(self.omitted, window.omitted)
+        return tuple(window.items)
+
+    def output_budget(self, per_call: int | None, response: pb.Response) -> int | None:
+        return output_budget(self.limits, per_call, response.usage.output_tokens)
+
+    async def before_model(self, turn: int, request: TurnRequest) -> TurnRequest | Completion:
+        """The call to make (changed by hooks), or a hook's answer in the model's place."""
+        if not self.wants(P.HOOK_POINT_BEFORE_MODEL):
+            return request
+        assert self.hooks is not None
+        decision = await self.hooks.before_model(self._turn(turn), _model_call(request))
+        if decision.answer is not None:
+            return Completion(decision.answer)
+        return _apply(request, decision.call)
+
+    def model_started(self, usage: pb.Usage) -> None:
+        self._model_started = time.perf_counter()
+        self._usage_before = (usage.input_tokens, usage.output_tokens, usage.total_tokens)
+
+    async def model_ended(self, turn: int, output: Sequence[pb.Item], usage: pb.Usage, by_hook: bool) -> None:
+        """After each model call: its metrics, then the after-model hooks."""
+        before = self._usage_before
+        spent = pb.Usage(
+            input_tokens=usage.input_tokens - before[0],
+            output_tokens=usage.output_tokens - before[1],
+            total_tokens=usage.total_tokens - before[2],
+        )
+        self.metrics.turns = turn
+        self.metrics.model_call(turn, spent, time.perf_counter() - self._model_started, by_hook=by_hook)
+        if self.wants(P.HOOK_POINT_AFTER_MODEL):
+            assert self.hooks is not None
+            await self.hooks.after_model(self._turn(turn), output, spent)
+
+    def stream(self, provider: Provider, request: TurnRequest) -> AsyncIterator[ProviderEvent]:
+        if not self.truncate:
+            return aiter(provider.stream(request))
+        return self._stream_retrying(provider, request)
+
+    async def _stream_retrying(self, provider: Provider, request: TurnRequest) -> AsyncIterator[ProviderEvent]:
+        """The backend said the context is too long: once more, with a smaller window."""
+        stream = aiter(provider.stream(request))
+        try:
+            first = await anext(stream)
+        except ProviderError as err:
+            if err.code != CONTEXT_LENGTH_EXCEEDED:
+                raise
+            await _close(stream)
+            stream = aiter(provider.stream(self._smaller(request)))
+            try:
+                first = await anext(stream)
+            except StopAsyncIteration:
+                return
+        except StopAsyncIteration:
+            return
+        try:
+            yield first
+            async for event in stream:
+                yield event
+        finally:
+            await _close(stream)
+
+    async def complete(self, provider: Provider, request: TurnRequest) -> Completion:
+        if not self.truncate:
+            return await provider.complete(request)
+        try:
+            return await provider.complete(request)
+        except ProviderError as err:
+            if err.code != CONTEXT_LENGTH_EXCEEDED:
+                raise
+            return await provider.complete(self._smaller(request))
+
+    def _smaller(self, request: TurnRequest) -> TurnRequest:
+        sent = windows.apply_window(request.items, request.instructions, windows.WindowLimits())
+        self.window_limits = windows.smaller(self.window_limits, sent)
+        window = windows.apply_window(request.items, request.instructions, self.window_limits)
+        self.omitted = max(self.omitted, window.omitted)
+        return dataclasses.replace(request, items=tuple(window.items))
+
+    # -- tools ----------------------------------------------------------------------------------
+
+    async def approvals(
+        self, calls: list[pb.FunctionCall], routes: Mapping[str, Route]
+    ) -> tuple[list[pb.FunctionCall], list[pb.FunctionCallOutput], set[str]]:
+        """Approve-tool hooks on each call: the calls still in play, the outputs of those denied,
+        and the ids of those approved (they wait for no client decision)."""
+        kept: list[pb.FunctionCall] = []
+        denied: list[pb.FunctionCallOutput] = []
+        approved: set[str] = set()
+        if not self.wants(P.HOOK_POINT_APPROVE_TOOL):
+            return calls, denied, approved
+        assert self.hooks is not None and self.hook_run is not None
+        for call in calls:
+            approval = await self.hooks.approve_tool(self.hook_run, call, routes[call.name].tool)
+            if approval is not None and not approval.approved:
+                reason = f"denied by hook {approval.hook}" + (f": {approval.reason}" if approval.reason else "")
+                denied.append(pb.FunctionCallOutput(call_id=call.call_id, output=reason, is_error=True))
+                continue
+            if approval is not None:
+                approved.add(call.call_id)
+            kept.append(call)
+        return kept, denied, approved
+
+    async def run_tool(self, call: pb.FunctionCall, route: Route, progress: ProgressSink) -> pb.FunctionCallOutput:
+        """One server-side call: before-tool hooks, the executor within the call's timeout,
+        after-tool hooks; every failure an is_error output."""
+        result: pb.FunctionCallOutput | None = None
+        if self.wants(P.HOOK_POINT_BEFORE_TOOL):
+            assert self.hooks is not None and self.hook_run is not None
+            decision = await self.hooks.before_tool(self.hook_run, call, route.tool)
+            call, result = decision.call, decision.result
+        executed = result is None
+        started = time.perf_counter()
+        timed_out = False
+        if result is None:
+            result, timed_out = await self._execute(call, route, progress)
+        seconds = time.perf_counter() - started
+        result.call_id = call.call_id
+        if self.wants(P.HOOK_POINT_AFTER_TOOL):
+            assert self.hooks is not None and self.hook_run is not None
+            result = await self.hooks.after_tool(self.hook_run, call, result)
+        self.metrics.tool_call(call.name, seconds, is_error=result.is_error, timed_out=timed_out)
+        if executed and result.is_error and self.fail_on_tool_error and self.failed_call is None:
+            self.failed_call = (call, result)
+        return result
+
+    async def _execute(
+        self, call: pb.FunctionCall, route: Route, progress: ProgressSink
+    ) -> tuple[pb.FunctionCallOutput, bool]:
+        executor = route.executor
+        assert executor is not None
+        advertised = executor.tool_timeout(call.name) if isinstance(executor, ToolTimeoutSource) else None
+        timeout = self.timeouts.for_tool(call.name, advertised)
+        try:
+            # Cancelled all the way down on timeout: a remote executor sees its RPC cancelled.
+            async with asyncio.timeout(timeout) as limit:
+                return await executor.execute(call, route.tool, progress), False
+        except asyncio.CancelledError:
+            raise
+        except TimeoutError:
+            if not limit.expired():
+                return _error(call, f"tool {call.name!r} failed: TimeoutError"), False
+            self.timed_out.add(call.call_id)
+            return _error(call, f"tool {call.name!r} timed out after {timeout:g} s"), True
+        except Exception as err:
+            return _error(call, f"tool {call.name!r} failed: {err}"), False
+
+    def tool_failure(self) -> Failed | None:
+        """FAIL mode: the response's end after its first failed call."""
+        if self.failed_call is None:
+            return None
+        call, result = self.failed_call
+        return Failed("tool_failed", f"tool call {call.name!r} ({call.call_id}) failed: {result.output}")
+
+    # -- the record -----------------------------------------------------------------------------
+
+    def write(self, response: pb.Response) -> None:
+        """Metrics, how much the model did not see, and the echoed truncation, into the response."""
+        if self.hook_run is not None:
+            self.metrics.hooks(self.hook_run.calls, self.hook_run.failed, self.hook_run.seconds)
+        self.metrics.write(response.metrics)
+        response.omitted_items = self.omitted
+        response.truncation = self.request.truncation
+
+
+def _event(failure: HookFailure) -> pb.HookFailedEvent:
+    return pb.HookFailedEvent(hook=failure.hook, point=failure.point, error=failure.error, call_id=failure.call_id)  # type: ignore[arg-type]
+
+
+def _error(call: pb.FunctionCall, message: str) -> pb.FunctionCallOutput:
+    return pb.FunctionCallOutput(call_id=call.call_id, output=message, is_error=True)
+
+
+def _model_call(request: TurnRequest) -> pb.ModelCall:
+    call = pb.ModelCall(instructions=request.instructions, items=request.items, tools=request.tools)
+    if request.temperature is not None:
+        call.temperature = request.temperature
+    if request.max_output_tokens is not None:
+        call.max_output_tokens = request.max_output_tokens
+    if request.tool_choice is not None:
+        call.tool_choice.CopyFrom(request.tool_choice)
+    return call
+
+
+def _apply(request: TurnRequest, call: pb.ModelCall) -> TurnRequest:
+    """The hooks' changes (instructions, temperature, offered tools, appended items)."""
+    offered = {t.name for t in call.tools}
+    return dataclasses.replace(
+        request,
+        instructions=call.instructions,
+        temperature=call.temperature if call.HasField("temperature") else None,
+        tools=[t for t in request.tools if t.name in offered],
+        items=tuple(call.items),
+    )
+
+
+async def _close(stream: AsyncIterator[ProviderEvent]) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await asyncio.shield(aclose())
