@@ -24,6 +24,7 @@ from google.protobuf.message import Message
 
 from antwort_grpc import pb
 from antwort_grpc.hooks.service import POINTS, Caller, PolicyHook, current_caller
+from antwort_grpc.observability import tracing
 
 log = logging.getLogger(__name__)
 
@@ -187,10 +188,21 @@ class RemoteHook:
             raise RuntimeError(f"hook service {self.target} is unavailable (it has not answered GetHookInfo yet)")
         rpc = getattr(self._stub, POINTS[point].rpc)
         try:
-            reply: Message = await rpc(request, timeout=self.timeout, metadata=caller.metadata(), wait_for_ready=False)
+            metadata = _metadata(caller)
+            reply: Message = await rpc(request, timeout=self.timeout, metadata=metadata, wait_for_ready=False)
         except grpc.aio.AioRpcError as err:
             raise RuntimeError(f"{err.code().name}: {err.details()}") from None
         return reply
+
+
+def _metadata(caller: Caller) -> tuple[tuple[str, str], ...]:
+    """The caller's identity, and the trace context: the gateway's current span when it traces
+    (the hook call is then its child), else the caller's as it came in."""
+    traced = tracing.metadata()
+    if traced is None:
+        return caller.metadata()
+    owner = (("antwort-owner", caller.owner),) if caller.owner else ()
+    return traced + owner
 
 
 def load_hook_class(path: str) -> PolicyHook:
