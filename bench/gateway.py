@@ -141,7 +141,7 @@ def _observed(args: argparse.Namespace) -> dict[str, object]:
 
 async def _serve(args: argparse.Namespace) -> None:
     provider = _provider(args)
-    settings = GatewaySettings(listen="127.0.0.1:0", model="bench", max_turns=50, **_observed(args))
+    settings = GatewaySettings(listen="127.0.0.1:0", model="bench", max_turns=50, hooks=args.hook, **_observed(args))
     executors = await _executors(args)
     gateway = await start_gateway(settings, provider=provider, store=MemoryStore(), executors=executors)
     if not args.default_gc:
@@ -166,6 +166,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=8)
     parser.add_argument("--tool-seconds", type=float, default=0.2)
     parser.add_argument("--remote-executor", default="")
+    parser.add_argument("--hook", action="append", default=[], help="a HookService target (bench.hook)")
     parser.add_argument("--metrics", action="store_true", help="Prometheus metrics on (a port of their own)")
     parser.add_argument("--otlp-endpoint", default="", help="traces on, exported to this OTLP/gRPC receiver")
     parser.add_argument("--jwt-jwks", default="", help="JWT authentication with the keys of this JWKS file")

@@ -26,6 +26,7 @@ KEYS = [
     "token_lag_p99_ms",
     "turn_cost_ratio_10_vs_1",
     "chain50_cost_ratio",
+    "hooks_overhead_ms_per_turn",
     "observability_cpu_ratio",
     "jwt_auth_cpu_ratio",
 ]
