@@ -316,13 +316,24 @@ def _mounted(container: dict[str, Any], path: str, deployment: dict[str, Any]) -
     raise AssertionError(f"{path} is not on a mounted volume")
 
 
-def test_prod_runs_several_gateways_with_authentication() -> None:
+def test_prod_runs_several_gateways_with_authentication_and_mutual_tls_to_the_executors() -> None:
+    deployments = _of_kind("Deployment", "prod")
     assert _replicas("prod", "antwort-gateway") >= 2
-    gateway = _of_kind("Deployment", "prod")["antwort-gateway"]
+    gateway = deployments["antwort-gateway"]
     container = _container(gateway)
     env = _env(container)
     assert env["ANTWORT_AUTH"] in ("api_key", "jwt")
-    _mounted(container, env["ANTWORT_API_KEYS_FILE"], gateway)
+    for variable in ("ANTWORT_API_KEYS_FILE", "ANTWORT_EXECUTOR_CA", "ANTWORT_EXECUTOR_CLIENT_CERT"):
+        _mounted(container, env[variable], gateway)
+    _mounted(container, env["ANTWORT_EXECUTOR_CLIENT_KEY"], gateway)
+    gateway_token = _mounted(container, env["ANTWORT_EXECUTOR_TOKEN_FILE"], gateway)["secret"]["secretName"]
+    for name in ("antwort-sandbox", "antwort-mcp-bridge"):
+        executor = deployments[name]
+        executor_env = _env(_container(executor))
+        for variable in ("ANTWORT_EXECUTOR_TLS_CERT", "ANTWORT_EXECUTOR_TLS_KEY", "ANTWORT_EXECUTOR_TLS_CLIENT_CA"):
+            _mounted(_container(executor), executor_env[variable], executor)
+        token = _mounted(_container(executor), executor_env["ANTWORT_EXECUTOR_TOKEN_FILE"], executor)
+        assert token["secret"]["secretName"] == gateway_token, "the gateway and the executors share one token"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
