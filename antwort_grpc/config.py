@@ -41,6 +41,9 @@ class GatewaySettings(BaseSettings):
     # "memory", "sqlite:///path/file.db" or "postgresql://…"; empty: SQLite under data_dir.
     store: str = ""
     history_max_depth: int = 100
+    # The memory store's bounds (oldest finished responses evicted past either).
+    memory_max_responses: int = 10_000
+    memory_max_bytes: int = 256 * 1024 * 1024
     # What one request may hold (README: Limits); checked before any work starts.
     max_tools: int = 128
     max_schema_bytes: int = 64 * 1024

@@ -24,6 +24,8 @@ def options_from(settings: GatewaySettings) -> StoreOptions:
     return StoreOptions(
         ttl_seconds=settings.response_ttl_seconds,
         maintenance_interval=settings.store_maintenance_seconds,
+        memory_max_responses=settings.memory_max_responses,
+        memory_max_bytes=settings.memory_max_bytes,
     )
 
 

@@ -1,4 +1,7 @@
-"""An in-process store: for tests and for a gateway that needs no durability."""
+"""An in-process store: for tests and for a gateway that needs no durability.
+
+Bounded: past `StoreOptions.memory_max_responses` responses or `memory_max_bytes` bytes, the
+oldest finished responses (by first save) are evicted; running ones never are."""
 
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ class _Entry:
     record: StoredResponse
     instance: str
     expires_at: float | None
+    # Serialized size of the response and its input items.
+    size: int = 0
 
 
 @dataclass(slots=True)
@@ -24,7 +29,35 @@ class MemoryDatabase:
     """What MemoryStores keep. Tests share one between stores to model a database that outlives
     the process using it (reopen after close) or that several gateways use."""
 
+    # In the order of first save: the oldest first, for eviction.
     entries: dict[str, _Entry] = field(default_factory=dict)
+    # The sum of the entries' sizes.
+    size: int = 0
+
+    def put(self, key: str, entry: _Entry) -> None:
+        old = self.entries.get(key)
+        self.size += entry.size - (old.size if old is not None else 0)
+        self.entries[key] = entry
+
+    def remove(self, key: str) -> None:
+        self.size -= self.entries.pop(key).size
+
+    def evict(self, max_entries: int, max_bytes: int) -> None:
+        """Drop the oldest finished entries until both bounds hold (or only running ones are left)."""
+        if len(self.entries) <= max_entries and self.size <= max_bytes:
+            return
+        over_count, over_bytes = len(self.entries) - max_entries, self.size - max_bytes
+        victims = []
+        for key, entry in self.entries.items():
+            if over_count <= 0 and over_bytes <= 0:
+                break
+            if entry.record.response.status in RUNNING:
+                continue
+            victims.append(key)
+            over_count -= 1
+            over_bytes -= entry.size
+        for key in victims:
+            self.remove(key)
 
 
 class MemoryStore:
@@ -41,9 +74,11 @@ class MemoryStore:
         old = self._entries.get(record.response.id)
         if old is not None and old.record.response.status not in RUNNING and record.response.status in RUNNING:
             return
-        self._entries[record.response.id] = _Entry(
-            _copy(record), self.options.instance_id, self.options.expires_at(self.options.clock())
-        )
+        copy = _copy(record)
+        size = copy.response.ByteSize() + sum(item.ByteSize() for item in copy.input_items)
+        entry = _Entry(copy, self.options.instance_id, self.options.expires_at(self.options.clock()), size)
+        self.database.put(record.response.id, entry)
+        self.database.evict(self.options.memory_max_responses, self.options.memory_max_bytes)
 
     def _live(self, response_id: str, owner: str) -> _Entry | None:
         entry = self._entries.get(response_id)
@@ -62,7 +97,7 @@ class MemoryStore:
     async def delete(self, response_id: str, owner: str = "") -> bool:
         if self._live(response_id, owner) is None:
             return False
-        del self._entries[response_id]
+        self.database.remove(response_id)
         return True
 
     async def list_input_items(
@@ -80,7 +115,7 @@ class MemoryStore:
             if self._expired(entry) and entry.record.response.status not in RUNNING
         ]
         for key in expired:
-            del self._entries[key]
+            self.database.remove(key)
         return len(expired)
 
     async def request_cancel(self, response_id: str, owner: str = "") -> bool:

@@ -24,6 +24,9 @@ class StoreOptions:
     instance_id: str = field(default_factory=new_instance_id)
     # Wall-clock seconds; tests pass a fake one to expire responses without waiting.
     clock: Callable[[], float] = time.time
+    # The memory store's bounds: past either, the oldest finished responses are evicted.
+    memory_max_responses: int = 10_000
+    memory_max_bytes: int = 256 * 1024 * 1024
 
     def expires_at(self, saved_at: float) -> float | None:
         return None if self.ttl_seconds is None else saved_at + self.ttl_seconds
