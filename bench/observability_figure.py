@@ -1,8 +1,9 @@
 """`observability_cpu_ratio`: the gateway's CPU per request with Prometheus metrics and
-OpenTelemetry traces on (exported to a local OTLP/gRPC receiver) ÷ the same gateway with both off;
-and `jwt_auth_cpu_ratio`, the same for JWT authentication (RS256, a JWKS file) against none.
-Three gateway processes side by side, the same streamed requests through the real OpenAI-compatible
-provider to the fake backend, the blocks interleaved in a rotating order each round.
+OpenTelemetry traces on (every trace sampled, exported to a local OTLP/gRPC receiver) ÷ the same
+gateway with both off; `metrics_cpu_ratio`, metrics alone; and `jwt_auth_cpu_ratio`, the same for
+JWT authentication (RS256, a JWKS file) against none. Four gateway processes side by side, the
+same streamed requests through the real OpenAI-compatible provider to the fake backend, the
+blocks interleaved in a rotating order each round.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from bench.figures import Scale, gateway, running
 from bench.procs import Child
 from bench.stats import Results
 
-SIDES = ["plain", "observed", "jwt"]
+SIDES = ["plain", "metrics", "observed", "jwt"]
 CONCURRENCY = 4
 
 
@@ -47,6 +48,7 @@ async def observability_cost(scale: Scale, results: Results, backend: Child) -> 
             sink = await stack.enter_async_context(running("otlp", "bench.otlp_sink"))
             gateways = {
                 "plain": await stack.enter_async_context(gateway(*base)),
+                "metrics": await stack.enter_async_context(gateway(*base, "--metrics")),
                 "observed": await stack.enter_async_context(
                     gateway(*base, "--metrics", "--otlp-endpoint", f"http://{sink.target}")
                 ),
@@ -60,12 +62,13 @@ async def observability_cost(scale: Scale, results: Results, backend: Child) -> 
                 await drive(calls[side], 20, CONCURRENCY)  # warm-up
             for n in range(scale.rounds):
                 cpu: dict[str, float] = {}
-                order = SIDES[n % 3 :] + SIDES[: n % 3]
+                order = SIDES[n % len(SIDES) :] + SIDES[: n % len(SIDES)]
                 for side in order:
                     before = gateways[side].cpu_seconds()
                     await drive(calls[side], requests, CONCURRENCY)
                     cpu[side] = (gateways[side].cpu_seconds() - before) / requests
                 results.add("observability_cpu_ratio", cpu["observed"] / cpu["plain"])
+                results.add("metrics_cpu_ratio", cpu["metrics"] / cpu["plain"])
                 results.add("jwt_auth_cpu_ratio", cpu["jwt"] / cpu["plain"])
                 results.add("observability_cpu_ms_per_request", cpu["observed"] * 1e3, "ms")
                 results.add("plain_cpu_ms_per_request", cpu["plain"] * 1e3, "ms")

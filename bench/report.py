@@ -70,6 +70,7 @@ ROWS = [
     Row("6 interactive", "steer_backend_first_text_ms", "the backend's own time to first text, direct (ms)"),
     Row("6 interactive", "steer_added_ms_p50", "steer latency p50 − the backend's time to first text (ms)", "<=", 5),
     Row("7 observability", "observability_cpu_ratio", "gateway CPU per request, metrics + traces on ÷ off", "<=", 1.10),
+    Row("7 observability", "metrics_cpu_ratio", "gateway CPU per request, metrics alone on ÷ off"),
     Row("7 observability", "observability_cpu_ms_per_request", "gateway CPU per streamed request, observed (ms)"),
     Row("7 observability", "plain_cpu_ms_per_request", "the same, nothing observed (ms)"),
     Row("7 observability", "jwt_auth_cpu_ratio", "gateway CPU per request, JWT authentication ÷ none"),
