@@ -47,7 +47,10 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, San
     started = [
         _start(tmp, "namespaces", timeout_seconds="30", cpu_seconds="10", max_code_bytes=str(8 * 1024 * 1024)),
         _start(tmp, "fallback", namespaces="off", timeout_seconds="30", cpu_seconds="10"),
-        _start(tmp, "same-uid", AS_SAME_UID, namespaces="off", timeout_seconds="30", cpu_seconds="10"),
+        # The process limit counts the uid's, the service's threads included.
+        _start(
+            tmp, "same-uid", AS_SAME_UID, namespaces="off", timeout_seconds="30", cpu_seconds="10", max_processes="64"
+        ),
     ]
     try:
         yield {mode: next(gen) for mode, gen in zip(MODES, started, strict=True)}
@@ -305,6 +308,33 @@ async def test_a_deep_tree_the_code_made_unreadable_is_removed(stub: pb.ToolExec
     result = await run(stub, code)
     assert not result.is_error, result.output
     assert os.listdir(box.workdir_root) == []
+
+
+# One memory budget per call.
+
+SIX_CHILDREN = """
+import os, time
+for _ in range(6):
+    if os.fork() == 0:
+        block = b"\\x01" * (120 * 1024 * 1024)  # written, so resident: 720 MB in all
+        time.sleep(1000)
+        os._exit(0)
+os.wait()
+"""
+
+
+async def test_children_that_allocate_together_past_the_limit_stop_the_call(
+    stub: pb.ToolExecutorServiceStub, box: Sandbox
+) -> None:
+    """Each child stays under its own address-space limit (256 MB here); together they pass the
+    call's budget (the same 256 MB)."""
+    result = await run(stub, SIX_CHILDREN)
+    out = result.output
+    assert (out["limit"], out["signal"]) == ("memory", "SIGKILL"), out
+    assert out["error"] == "stopped: the code's processes together used more memory than allowed"
+    assert code_processes(box) == []
+    after = await run(stub, "print(6 * 7)")
+    assert after.output["stdout"] == "42\n"
 
 
 # As pid 1 (a container started without an init).

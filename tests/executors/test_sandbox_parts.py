@@ -17,6 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from antwort_grpc.tool_services.sandbox import SandboxSettings
+from antwort_grpc.tool_services.sandbox.budget import PAGE, Usage, code_usage, parse_stat
 from antwort_grpc.tool_services.sandbox.child import ARCHES, RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS, seccomp_program
 from antwort_grpc.tool_services.sandbox.isolation import NAMESPACE_FLAGS, Isolation
 from antwort_grpc.tool_services.sandbox.limits import Limits, read_capped
@@ -304,3 +305,23 @@ def _processes_in(root: Path) -> list[str]:
         except OSError:
             continue
     return found
+
+
+def test_a_stat_line_is_read_past_a_command_name_with_spaces_and_parentheses() -> None:
+    # After the name: state, ppid, pgrp, session, then 16 fields, vsize and rss (the 24th field).
+    line = "4242 (evil) 1 2 3 (x) S 1 777 700 " + " ".join(["0"] * 16) + " 4096 93 18446744073709551615\n"
+    assert parse_stat(line) == (777, 700, 93)
+
+
+def test_the_code_usage_counts_the_session_outside_its_leaders_group(tmp_path: Path) -> None:
+    def stat(pid: int, pgrp: int, sid: int, pages: int) -> None:
+        (tmp_path / str(pid)).mkdir()
+        fields = ["S", "1", str(pgrp), str(sid), *["0"] * 17, str(pages)]
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (python3) " + " ".join(fields))
+
+    stat(700, 700, 700, 1000)  # the keeper: the session's leader group
+    stat(777, 777, 700, 2000)  # the code
+    stat(778, 777, 700, 3000)  # its child
+    stat(900, 900, 900, 9999)  # another call
+    (tmp_path / "self").mkdir()
+    assert code_usage(700, str(tmp_path)) == Usage(5000 * PAGE, 2)

@@ -51,7 +51,7 @@ class Outcome:
     stderr: Captured
     duration: float
     signal: str | None = None
-    # Which limit stopped the code: timeout, output, cpu, file_size.
+    # Which limit stopped the code: timeout, output, cpu, file_size, memory.
     limit: str | None = None
     # The sandbox could not run the code at all (a setup failure, not the code's fault).
     setup_error: str | None = None
@@ -71,6 +71,8 @@ class Outcome:
                 return "stopped: the code printed more output than the sandbox keeps"
             case "cpu":
                 return "stopped: the code used up its CPU time"
+            case "memory":
+                return "stopped: the code's processes together used more memory than allowed"
             case "file_size":
                 return "stopped: the code wrote a file larger than allowed"
         if self.setup_error:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from antwort_grpc.executors.base import ProgressSink
+from antwort_grpc.tool_services.sandbox.budget import watch_memory
 from antwort_grpc.tool_services.sandbox.isolation import Isolation
 from antwort_grpc.tool_services.sandbox.limits import Captured, Limits, read_capped
 from antwort_grpc.tool_services.sandbox.output import Outcome, ProducedFile, collect_files, exit_status
@@ -127,6 +128,7 @@ class Runner:
             self._end_code(proc.pid)
 
         assert proc.stdout is not None and proc.stderr is not None
+        watcher = asyncio.create_task(watch_memory(proc.pid, self.limits.memory_bytes, lambda _: stop("memory")))
         readers = (
             asyncio.create_task(read_capped(proc.stdout, self.limits.output_bytes, lambda: stop("output"))),
             asyncio.create_task(read_capped(proc.stderr, self.limits.output_bytes, lambda: stop("output"))),
@@ -140,6 +142,7 @@ class Runner:
             done, _ = await asyncio.wait(readers, timeout=DRAIN_SECONDS)
             stdout, stderr = (r.result() if r in done else Captured(b"", True) for r in readers)
         finally:
+            watcher.cancel()
             for reader in readers:
                 reader.cancel()
             if proc.returncode is None:  # cancelled: the caller went away

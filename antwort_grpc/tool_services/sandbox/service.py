@@ -55,6 +55,8 @@ print("ok")
 """
 
 
+# How one call's processes share one memory budget (budget.py); said in the startup log line.
+MEMORY_BUDGET = "watcher (resident memory of the call's processes, summed every 0.1 s)"
 # What the child (child.py) imports, asked of a candidate interpreter.
 _NEEDS = "import ctypes, json, resource, signal"
 # Interpreters any uid can usually run, tried when the service's own one is out of the code's reach.
@@ -148,7 +150,7 @@ async def prepare_runner(s: SandboxSettings, limits: Limits) -> Runner:
         runner = Runner(isolation, limits, FilePolicy(s.max_files, s.max_files_bytes), s.workdir_root)
         problem = await _self_test(runner)
         if problem is None:
-            log.info("sandbox isolation: %s", isolation.describe())
+            log.info("sandbox isolation: %s; memory per call: %s", isolation.describe(), MEMORY_BUDGET)
             if failures:
                 log.warning("sandbox fell back to %s: %s", isolation.network, failures[0])
             return runner
