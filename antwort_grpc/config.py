@@ -88,6 +88,8 @@ class GatewaySettings(BaseSettings):
     shutdown_grace: float = 10.0
     # Seconds between health going NOT_SERVING and refusing new calls, for load balancers.
     shutdown_drain: float = 1.0
+    # Ctrl-C (SIGINT): no drain, and in-flight responses get this grace before they are cancelled.
+    interrupt_grace: float = 1.0
 
     # Authentication: none (then only a loopback listen address, unless allow_unauthenticated),
     # api_key (a file of hashed keys) or jwt (bearer tokens checked against a JWKS or a PEM key).

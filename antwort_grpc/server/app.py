@@ -37,6 +37,11 @@ RESPONSES_SERVICE = "antwort.v1.ResponsesService"
 # (and answers new responses with backend_unavailable) while the backend is down.
 BACKEND_HEALTH = "antwort.v1.ModelBackend"
 BACKEND_CHECK_INTERVAL = 10.0
+# Responses still running this long before the shutdown grace ends are cancelled (a quarter of
+# the grace when that is shorter).
+SHUTDOWN_MARGIN = 1.0
+# Ctrl-C: a person is waiting, so no drain and this grace instead of the configured one.
+INTERRUPT_GRACE = 1.0
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
@@ -65,14 +70,19 @@ class Gateway:
 
     async def stop(self, grace: float | None = 5.0, drain: float = 0.0) -> None:
         """Health goes NOT_SERVING; for `drain` seconds calls are still accepted so probes and load
-        balancers notice; then new calls are refused and in-flight calls get `grace` seconds before
-        they are cancelled (and stored as cancelled)."""
+        balancers notice; then new calls are refused and in-flight responses get `grace` seconds to
+        finish. Shortly before the grace runs out the ones still running are cancelled, so each
+        client gets its terminal `cancelled` event (and the response is stored) before the server
+        cuts what is left."""
         if self.watcher is not None:
             self.watcher.cancel()
         await self.health.enter_graceful_shutdown()
         if drain > 0:
             await asyncio.sleep(drain)
-        await self.server.stop(grace)
+        stopping = asyncio.ensure_future(self.server.stop(grace))
+        if grace:
+            await self._cancel_runs_before(grace)
+        await stopping
         # Cancelled streams record their final status on their way out; let them.
         if not await self.engine.runs.wait_idle(5.0):
             log.warning("responses still running after shutdown: %s", self.engine.runs.running())
@@ -83,6 +93,16 @@ class Gateway:
             self.observability.stop()
         if self.engine.config.hooks is not None:
             await self.engine.config.hooks.close()
+
+    async def _cancel_runs_before(self, grace: float) -> None:
+        runs = self.engine.runs
+        # As the deadline path does: stop early enough for the terminal event to reach the client.
+        if await runs.wait_idle(grace - min(SHUTDOWN_MARGIN, grace / 4)):
+            return
+        running = runs.running()
+        log.info("cancelling %d responses still running at the end of the shutdown grace", len(running))
+        for response_id in running:
+            runs.stop(response_id, "cancelled")
 
 
 def limits_of(settings: GatewaySettings) -> Limits:
@@ -238,12 +258,29 @@ async def _watch_backend(health: HealthServicer, check: Callable[[], Awaitable[P
         await asyncio.sleep(BACKEND_CHECK_INTERVAL)
 
 
-async def serve_until_signalled(gateway: Gateway, grace: float, drain: float) -> None:
-    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+async def serve_until_signalled(
+    gateway: Gateway, grace: float, drain: float, interrupt_grace: float = INTERRUPT_GRACE
+) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully.
+
+    SIGTERM (Kubernetes): NOT_SERVING for `drain` seconds, then `grace` seconds for in-flight
+    responses. SIGINT (Ctrl-C, someone at a terminal): no drain and at most `interrupt_grace`
+    seconds; a second Ctrl-C ends the process at once."""
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
+    received: asyncio.Future[signal.Signals] = loop.create_future()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if received.done():
+            return
+        received.set_result(sig)
+        # The default action from now on: the next Ctrl-C ends the process even if the loop is busy.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("shutting down: %d responses in flight, %.0fs grace", len(gateway.engine.runs.running()), grace)
+        loop.add_signal_handler(sig, on_signal, sig)
+    how = "%d responses in flight, %.1fs grace"
+    if await received == signal.SIGINT:
+        grace, drain = min(grace, interrupt_grace), 0.0
+        how += " (Ctrl-C again to exit at once)"
+    log.info("shutting down: " + how, len(gateway.engine.runs.running()), grace)
     await gateway.stop(grace, drain)

@@ -40,7 +40,7 @@ async def serve(settings: GatewaySettings) -> None:
         gateway = await start_gateway(settings, provider=parts.provider, store=parts.store, executors=parts.executors)
         tune_gc()
         print(f"antwort-grpc serving on {gateway.target}", flush=True)
-        await serve_until_signalled(gateway, settings.shutdown_grace, settings.shutdown_drain)
+        await serve_until_signalled(gateway, settings.shutdown_grace, settings.shutdown_drain, settings.interrupt_grace)
     finally:
         await parts.close()
         # Export the spans still buffered.
