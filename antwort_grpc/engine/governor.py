@@ -51,7 +51,7 @@ class Governor:
         server = server or ServerLimits()
         self.request = request
         self.limits: RunLimits = run_limits(request, server)
-        self.timeouts = ToolTimeouts.of(request)
+        self._timeouts: ToolTimeouts | None = None
         self.fail_on_tool_error = request.tool_failure_mode == pb.ToolFailureMode.TOOL_FAILURE_MODE_FAIL
         self.truncate = request.truncation == pb.Truncation.TRUNCATION_AUTO
         self.window_limits = server.context
@@ -67,9 +67,12 @@ class Governor:
         self._clock: asyncio.TimerHandle | None = None
         self._model_started = 0.0
         self._usage_before = (0, 0, 0)
+        self._written = 0
 
     def bind(self, response: pb.Response) -> None:
         """The response this run builds: hooks learn its id, model and metadata."""
+        if self.request.truncation:
+            response.truncation = self.request.truncation
         if self.hook_run is not None:
             context = self.hook_run.context
             context.response_id = response.id
@@ -85,7 +88,9 @@ class Governor:
     @property
     def early_call_allowed(self) -> bool:
         """Whether the first model call may start before anything else (no hook must see it first)."""
-        return not (self.wants(P.HOOK_POINT_BEFORE_MODEL) or self.wants(P.HOOK_POINT_PAUSE_CHECK))
+        return self.hooks is None or not (
+            self.hooks.wants(P.HOOK_POINT_BEFORE_MODEL) or self.hooks.wants(P.HOOK_POINT_PAUSE_CHECK)
+        )
 
     def hook_events(self, emitter: ResponseEmitter) -> list[pb.StreamEvent]:
         """`hook_failed` events for the fail-open failures since the last call."""
@@ -102,10 +107,12 @@ class Governor:
         assert self.hooks is not None
         return await self.hooks.pause_check(self._turn(turn), before_tools)
 
+    @property
+    def audited(self) -> bool:
+        return self.wants(P.HOOK_POINT_AFTER_RESPONSE)
+
     async def after_response(self, response: pb.Response) -> Failed | None:
         """Audit hooks see the response as it ends; a fail-closed failure fails it instead."""
-        if not self.wants(P.HOOK_POINT_AFTER_RESPONSE):
-            return None
         assert self.hooks is not None and self.hook_run is not None
         try:
             await self.hooks.after_response(self.hook_run, response)
@@ -169,16 +176,13 @@ class Governor:
     async def model_ended(self, turn: int, output: Sequence[pb.Item], usage: pb.Usage, by_hook: bool) -> None:
         """After each model call: its metrics, then the after-model hooks."""
         before = self._usage_before
-        spent = pb.Usage(
-            input_tokens=usage.input_tokens - before[0],
-            output_tokens=usage.output_tokens - before[1],
-            total_tokens=usage.total_tokens - before[2],
-        )
+        spent = (usage.input_tokens - before[0], usage.output_tokens - before[1], usage.total_tokens - before[2])
         self.metrics.turns = turn
         self.metrics.model_call(turn, spent, time.perf_counter() - self._model_started, by_hook=by_hook)
         if self.wants(P.HOOK_POINT_AFTER_MODEL):
             assert self.hooks is not None
-            await self.hooks.after_model(self._turn(turn), output, spent)
+            usage_spent = pb.Usage(input_tokens=spent[0], output_tokens=spent[1], total_tokens=spent[2])
+            await self.hooks.after_model(self._turn(turn), output, usage_spent)
 
     def stream(self, provider: Provider, request: TurnRequest) -> AsyncIterator[ProviderEvent]:
         if not self.truncate:
@@ -278,7 +282,9 @@ class Governor:
         executor = route.executor
         assert executor is not None
         advertised = executor.tool_timeout(call.name) if isinstance(executor, ToolTimeoutSource) else None
-        timeout = self.timeouts.for_tool(call.name, advertised)
+        if self._timeouts is None:
+            self._timeouts = ToolTimeouts.of(self.request)
+        timeout = self._timeouts.for_tool(call.name, advertised)
         try:
             # Cancelled all the way down on timeout: a remote executor sees its RPC cancelled.
             async with asyncio.timeout(timeout) as limit:
@@ -302,13 +308,16 @@ class Governor:
 
     # -- the record -----------------------------------------------------------------------------
 
-    def write(self, response: pb.Response) -> None:
-        """Metrics, how much the model did not see, and the echoed truncation, into the response."""
+    def write(self, response: pb.Response, *, final: bool = False) -> None:
+        """Metrics and how much the model did not see, into the response: at every save where
+        something happened since the last one, and at the end."""
         if self.hook_run is not None:
             self.metrics.hooks(self.hook_run.calls, self.hook_run.failed, self.hook_run.seconds)
+        if not final and self.metrics.version == self._written:
+            return
+        self._written = self.metrics.version
         self.metrics.write(response.metrics)
         response.omitted_items = self.omitted
-        response.truncation = self.request.truncation
 
 
 def _event(failure: HookFailure) -> pb.HookFailedEvent:

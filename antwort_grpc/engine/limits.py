@@ -48,6 +48,8 @@ def seconds(duration: Duration) -> float:
 
 def run_limits(request: pb.CreateResponseRequest, server: ServerLimits) -> RunLimits:
     """The request's limits where it sets them, else the server's (validation keeps them within)."""
+    if not request.HasField("limits"):
+        return RunLimits(server.max_turns, server.max_tool_calls, server.max_duration, server.max_output_tokens)
     asked = request.limits
     return RunLimits(
         max_turns=asked.max_turns if asked.HasField("max_turns") else server.max_turns,

@@ -136,9 +136,7 @@ class Engine:
         `responses.validation` (the responses layer does that for every front door).
 
         `controller`: a client stays attached that can decide approvals while the run waits."""
-        run = await self._prepare(request, owner, controller)
-        run.governor = Governor(request, self.server_limits, self.config.hooks, hook_run)
-        run.governor.bind(run.response)
+        run = await self._prepare(request, owner, controller, hook_run)
         # Stored before the client learns the id: from then on any replica can read or cancel
         # it, and a crash leaves it to be found and marked interrupted.
         await self._save(run, required=True)
@@ -166,7 +164,9 @@ class Engine:
 
     # -- preparation (errors here become gRPC statuses) -----------------------------------------
 
-    async def _prepare(self, request: pb.CreateResponseRequest, owner: str, controller: bool) -> Run:
+    async def _prepare(
+        self, request: pb.CreateResponseRequest, owner: str, controller: bool, hook_run: HookRun | None = None
+    ) -> Run:
         model = request.model or self.config.default_model
         if not model:
             raise invalid_argument([FieldViolation("model", "required: no default model is configured")])
@@ -192,6 +192,7 @@ class Engine:
             controller=controller,
             # An engine without executors is single-shot: it runs nothing of an earlier response.
             continuation=resumed if self.config.executors else None,
+            governor=Governor(request, self.server_limits, self.config.hooks, hook_run),
         )
 
     # -- one response ---------------------------------------------------------------------------
@@ -241,8 +242,8 @@ class Engine:
                 yield event
             run.governor.stop_clock()
             self._finish(run)
-            run.governor.write(run.response)
-            failed = await run.governor.after_response(run.response)
+            run.governor.write(run.response, final=True)
+            failed = await run.governor.after_response(run.response) if run.governor.audited else None
             if failed is not None:
                 # A fail-closed audit hook that could not see the response: it fails instead.
                 run.response.status = S.RESPONSE_STATUS_IN_PROGRESS

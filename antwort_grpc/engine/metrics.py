@@ -29,18 +29,18 @@ class RunRecorder:
     hook_failures: int = 0
     hook_seconds: float = 0.0
     tools: dict[str, _Tool] = field(default_factory=dict)
-    turn_metrics: list[pb.TurnMetrics] = field(default_factory=list)
+    # Per model call: turn, (input, output, total) tokens, seconds, answered by a hook.
+    turn_metrics: list[tuple[int, tuple[int, int, int], float, bool]] = field(default_factory=list)
+    # Counts what was recorded, so a save with nothing new writes nothing.
+    version: int = 0
 
-    def model_call(self, turn: int, usage: pb.Usage | None, seconds: float, *, by_hook: bool = False) -> None:
+    def model_call(self, turn: int, tokens: tuple[int, int, int], seconds: float, *, by_hook: bool = False) -> None:
         """One model call (or a hook's answer in its place) of turn `turn`."""
         if not by_hook:
             self.model_calls += 1
             self.model_seconds += seconds
-        metrics = pb.TurnMetrics(turn=turn, answered_by_hook=by_hook)
-        if usage is not None:
-            metrics.usage.CopyFrom(usage)
-        metrics.model_time.FromNanoseconds(int(seconds * 1e9))
-        self.turn_metrics.append(metrics)
+        self.turn_metrics.append((turn, tokens, seconds, by_hook))
+        self.version += 1
 
     def tool_call(self, name: str, seconds: float, *, is_error: bool, timed_out: bool = False) -> None:
         tool = self.tools.setdefault(name, _Tool())
@@ -50,9 +50,12 @@ class RunRecorder:
         tool.seconds += seconds
         tool.longest = max(tool.longest, seconds)
         self.tool_seconds += seconds
+        self.version += 1
 
     def hooks(self, calls: int, failures: int, seconds: float) -> None:
         """The hook totals so far (the hooks' own run keeps the running sums)."""
+        if calls != self.hook_calls:
+            self.version += 1
         self.hook_calls, self.hook_failures, self.hook_seconds = calls, failures, seconds
 
     @property
@@ -77,7 +80,10 @@ class RunRecorder:
             entry = metrics.tools.add(name=name, calls=tool.calls, errors=tool.errors, timeouts=tool.timeouts)
             entry.time.FromNanoseconds(_ns(tool.seconds))
             entry.max_time.FromNanoseconds(_ns(tool.longest))
-        metrics.turn_metrics.extend(self.turn_metrics)
+        for turn, (input_tokens, output_tokens, total_tokens), seconds, by_hook in self.turn_metrics:
+            usage = pb.Usage(input_tokens=input_tokens, output_tokens=output_tokens, total_tokens=total_tokens)
+            call = metrics.turn_metrics.add(turn=turn, answered_by_hook=by_hook, usage=usage)
+            call.model_time.FromNanoseconds(_ns(seconds))
 
 
 def _ns(seconds: float) -> int:

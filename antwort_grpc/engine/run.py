@@ -62,6 +62,7 @@ class Run:
         *,
         controller: bool = False,
         continuation: Continuation | None = None,
+        governor: Governor | None = None,
     ) -> None:
         self.request = request
         self.response = response
@@ -75,8 +76,9 @@ class Run:
         # A client is attached that can decide approvals while the run waits (a Converse stream).
         self.controller = controller
         self.continuation = continuation or Continuation()
-        # The policy over the run (hooks, limits, timeouts, window, metrics); Engine.start sets it.
-        self.governor = Governor(request)
+        # The policy over the run: hooks, limits, tool timeouts, the context window, metrics.
+        self.governor = governor if governor is not None else Governor(request)
+        self.governor.bind(response)
         self.outcome: FinalOutcome = Completed()
         # The first turn's model call, started before `created` is written.
         self.early: ModelCall | None = None
