@@ -3,7 +3,8 @@ turn, against the same gateway without hooks, measured side by side (interleaved
 
 The model calls one server-side tool that returns at once and then answers: two turns per
 response, each turn passing every point (pause check, before/after model, before/approve/after
-tool), plus before/after response once per response.
+tool), plus before/after response once per response. A third gateway runs the same hook
+in-process (`--hook bench.hook:EveryPoint`): the dispatcher's own cost, without the round trips.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ async def hooks_overhead(scale: Scale, results: Results, backend: Child) -> None
         sides = {
             "none": await stack.enter_async_context(gateway(*tools)),
             "hooks": await stack.enter_async_context(gateway(*tools, "--hook", hook.target)),
+            # The same hook in the gateway's process: what the dispatcher itself costs.
+            "local": await stack.enter_async_context(gateway(*tools, "--hook", "bench.hook:EveryPoint")),
         }
         stubs = {}
         for side, gw in sides.items():
@@ -37,7 +40,8 @@ async def hooks_overhead(scale: Scale, results: Results, backend: Child) -> None
                 await read_stream(stubs[side], request)
         for n in range(scale.rounds):
             per_turn: dict[str, float] = {}
-            for side in ["none", "hooks"] if n % 2 == 0 else ["hooks", "none"]:
+            order = ["none", "hooks", "local"]
+            for side in order[n % 3 :] + order[: n % 3]:
                 times = []
                 for _ in range(responses):
                     read = await read_stream(stubs[side], request)
@@ -48,3 +52,4 @@ async def hooks_overhead(scale: Scale, results: Results, backend: Child) -> None
             results.add("hooks_overhead_ms_per_turn", (per_turn["hooks"] - per_turn["none"]) * 1e3, "ms")
             results.add("hooks_turn_time_ratio", per_turn["hooks"] / per_turn["none"])
             results.add("hooks_none_ms_per_turn", per_turn["none"] * 1e3, "ms")
+            results.add("hooks_local_overhead_ms_per_turn", (per_turn["local"] - per_turn["none"]) * 1e3, "ms")

@@ -77,6 +77,11 @@ ROWS = [
     Row("7 observability", "jwt_auth_cpu_us_per_request", "CPU one JWT check adds to a request (µs)"),
     Row("8 hooks", "hooks_overhead_ms_per_turn", "a HookService on every point: time added per turn (ms)", "<=", 1.5),
     Row("8 hooks", "hooks_turn_time_ratio", "turn time with that hook service ÷ without"),
+    Row(
+        "8 hooks",
+        "hooks_local_overhead_ms_per_turn",
+        "the same hook in the gateway's process: time added per turn (ms)",
+    ),
     Row("8 hooks", "hooks_none_ms_per_turn", "turn time without hooks (ms; a tool call and an answer per 2 turns)"),
 ]
 

@@ -29,14 +29,14 @@ from antwort_grpc.engine.metrics import RunRecorder
 from antwort_grpc.engine.outcomes import Failed
 from antwort_grpc.executors.base import ProgressSink, ToolTimeoutSource
 from antwort_grpc.hooks.dispatch import Dispatcher, HookFailed, HookFailure, HookRun
-from antwort_grpc.hooks.service import Caller
+from antwort_grpc.hooks.service import Caller, Point
 from antwort_grpc.providers.base import Completion, Provider, ProviderError, ProviderEvent, TurnRequest
 
 if TYPE_CHECKING:
     from antwort_grpc.engine.emitter import ResponseEmitter
     from antwort_grpc.engine.tools import Route
 
-P = pb.HookPoint
+P = Point
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 
 
@@ -67,7 +67,6 @@ class Governor:
         self._clock: asyncio.TimerHandle | None = None
         self._model_started = 0.0
         self._usage_before = (0, 0, 0)
-        self._written = 0
 
     def bind(self, response: pb.Response) -> None:
         """The response this run builds: hooks learn its id, model and metadata."""
@@ -106,6 +105,10 @@ class Governor:
     async def pause_check(self, turn: int, before_tools: bool) -> str | None:
         assert self.hooks is not None
         return await self.hooks.pause_check(self._turn(turn), before_tools)
+
+    @property
+    def pauses(self) -> bool:
+        return self.wants(P.HOOK_POINT_PAUSE_CHECK)
 
     @property
     def audited(self) -> bool:
@@ -308,14 +311,11 @@ class Governor:
 
     # -- the record -----------------------------------------------------------------------------
 
-    def write(self, response: pb.Response, *, final: bool = False) -> None:
-        """Metrics and how much the model did not see, into the response: at every save where
-        something happened since the last one, and at the end."""
+    def write(self, response: pb.Response) -> None:
+        """Metrics and how much the model did not see, into the response (once, as it ends: the
+        saves before then need not carry them)."""
         if self.hook_run is not None:
             self.metrics.hooks(self.hook_run.calls, self.hook_run.failed, self.hook_run.seconds)
-        if not final and self.metrics.version == self._written:
-            return
-        self._written = self.metrics.version
         self.metrics.write(response.metrics)
         response.omitted_items = self.omitted
 

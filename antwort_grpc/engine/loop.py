@@ -242,7 +242,7 @@ class Engine:
                 yield event
             run.governor.stop_clock()
             self._finish(run)
-            run.governor.write(run.response, final=True)
+            run.governor.write(run.response)
             failed = await run.governor.after_response(run.response) if run.governor.audited else None
             if failed is not None:
                 # A fail-closed audit hook that could not see the response: it fails instead.
@@ -502,7 +502,7 @@ class Engine:
         (at a turn boundary)."""
         if run.reason:
             raise _Stopped
-        if run.pause_reason is None and run.governor.wants(pb.HookPoint.HOOK_POINT_PAUSE_CHECK):
+        if run.pause_reason is None and run.governor.pauses:
             run.pause_reason = await run.governor.pause_check(run.turn, before_tools=not inject)
             for event in run.governor.hook_events(run.emitter):
                 yield event
@@ -726,7 +726,8 @@ class Engine:
     async def _save(self, run: Run, *, required: bool = False) -> None:
         """Store the response as it is. `required` (the first save): a store that fails refuses
         the response, rather than run one that could never be read back or continued."""
-        run.governor.write(run.response)
+        if run.response.status in state.TERMINAL:
+            run.governor.write(run.response)
         if not run.response.store:
             return
         try:

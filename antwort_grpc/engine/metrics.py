@@ -31,8 +31,6 @@ class RunRecorder:
     tools: dict[str, _Tool] = field(default_factory=dict)
     # Per model call: turn, (input, output, total) tokens, seconds, answered by a hook.
     turn_metrics: list[tuple[int, tuple[int, int, int], float, bool]] = field(default_factory=list)
-    # Counts what was recorded, so a save with nothing new writes nothing.
-    version: int = 0
 
     def model_call(self, turn: int, tokens: tuple[int, int, int], seconds: float, *, by_hook: bool = False) -> None:
         """One model call (or a hook's answer in its place) of turn `turn`."""
@@ -40,7 +38,6 @@ class RunRecorder:
             self.model_calls += 1
             self.model_seconds += seconds
         self.turn_metrics.append((turn, tokens, seconds, by_hook))
-        self.version += 1
 
     def tool_call(self, name: str, seconds: float, *, is_error: bool, timed_out: bool = False) -> None:
         tool = self.tools.setdefault(name, _Tool())
@@ -50,12 +47,9 @@ class RunRecorder:
         tool.seconds += seconds
         tool.longest = max(tool.longest, seconds)
         self.tool_seconds += seconds
-        self.version += 1
 
     def hooks(self, calls: int, failures: int, seconds: float) -> None:
         """The hook totals so far (the hooks' own run keeps the running sums)."""
-        if calls != self.hook_calls:
-            self.version += 1
         self.hook_calls, self.hook_failures, self.hook_seconds = calls, failures, seconds
 
     @property

@@ -27,11 +27,11 @@ from google.protobuf.message import Message
 
 from antwort_grpc import pb
 from antwort_grpc.hooks.clients import HookClient
-from antwort_grpc.hooks.service import Caller, point_name
+from antwort_grpc.hooks.service import Caller, Point, point_name
 
 log = logging.getLogger(__name__)
 
-P = pb.HookPoint
+P = Point
 R = TypeVar("R", bound=Message)
 Decision = pb.ApproveToolResponse.Decision
 

@@ -25,7 +25,22 @@ from google.protobuf.message import Message
 
 from antwort_grpc import pb
 
-P = pb.HookPoint
+
+class Point:
+    """The HookPoint values as plain ints: the protobuf enum's attribute lookup is slow, and these
+    are read on every turn."""
+
+    HOOK_POINT_BEFORE_RESPONSE = int(pb.HookPoint.HOOK_POINT_BEFORE_RESPONSE)
+    HOOK_POINT_AFTER_RESPONSE = int(pb.HookPoint.HOOK_POINT_AFTER_RESPONSE)
+    HOOK_POINT_BEFORE_MODEL = int(pb.HookPoint.HOOK_POINT_BEFORE_MODEL)
+    HOOK_POINT_AFTER_MODEL = int(pb.HookPoint.HOOK_POINT_AFTER_MODEL)
+    HOOK_POINT_BEFORE_TOOL = int(pb.HookPoint.HOOK_POINT_BEFORE_TOOL)
+    HOOK_POINT_AFTER_TOOL = int(pb.HookPoint.HOOK_POINT_AFTER_TOOL)
+    HOOK_POINT_APPROVE_TOOL = int(pb.HookPoint.HOOK_POINT_APPROVE_TOOL)
+    HOOK_POINT_PAUSE_CHECK = int(pb.HookPoint.HOOK_POINT_PAUSE_CHECK)
+
+
+P = Point
 
 
 @dataclass(frozen=True, slots=True)
