@@ -14,9 +14,12 @@ from collections import OrderedDict
 from google.protobuf import struct_pb2
 from google.protobuf.json_format import MessageToDict
 from jsonschema import exceptions as schema_errors
-from jsonschema.validators import validator_for
+from jsonschema.validators import Draft202012Validator, validator_for
 
 log = logging.getLogger(__name__)
+
+# For a `$schema` jsonschema does not know (it would warn, and later versions refuse).
+LATEST = Draft202012Validator
 
 CACHE_SIZE = 4096
 
@@ -78,7 +81,7 @@ def schema_problem(schema: dict[str, object]) -> str:
     if not isinstance(schema.get("$schema", ""), str):
         return "'$schema' must be a string (a meta-schema URI)"
     try:
-        validator_for(schema).check_schema(schema)
+        validator_for(schema, default=LATEST).check_schema(schema)
     except schema_errors.SchemaError as err:
         path = "/".join(str(p) for p in err.path)
         return f"not a valid JSON Schema: {err.message}" + (f" (at {path})" if path else "")
