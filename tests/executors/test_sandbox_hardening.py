@@ -337,6 +337,12 @@ async def test_children_that_allocate_together_past_the_limit_stop_the_call(
     assert after.output["stdout"] == "42\n"
 
 
+def test_the_startup_line_says_how_the_memory_budget_is_held(services: dict[str, Sandbox]) -> None:
+    for box in services.values():
+        line = next(x for x in box.log.read_text().splitlines() if "sandbox isolation:" in x)
+        assert "; memory per call: watcher (" in line or "; memory per call: cgroup v2 (" in line, line
+
+
 # As pid 1 (a container started without an init).
 
 AS_PID_1 = ("unshare", "--pid", "--fork", "--mount-proc")

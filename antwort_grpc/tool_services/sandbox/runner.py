@@ -18,10 +18,12 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from antwort_grpc.executors.base import ProgressSink
 from antwort_grpc.tool_services.sandbox.budget import watch_memory
+from antwort_grpc.tool_services.sandbox.cgroup import CallCgroups
 from antwort_grpc.tool_services.sandbox.isolation import Isolation
 from antwort_grpc.tool_services.sandbox.limits import Captured, Limits, read_capped
 from antwort_grpc.tool_services.sandbox.output import Outcome, ProducedFile, collect_files, exit_status
@@ -48,11 +50,20 @@ class _Workdir:
 
 
 class Runner:
-    def __init__(self, isolation: Isolation, limits: Limits, files: FilePolicy, workdir_root: str | None) -> None:
+    def __init__(
+        self,
+        isolation: Isolation,
+        limits: Limits,
+        files: FilePolicy,
+        workdir_root: str | None,
+        cgroups: CallCgroups | None = None,
+    ) -> None:
         self.isolation = isolation
         self.limits = limits
         self.files = files
         self.workdir_root = workdir_root
+        # Per-call cgroups where the service may make them; else the memory watcher.
+        self.cgroups = cgroups
 
     async def run(self, code: str, progress: ProgressSink) -> Outcome:
         workdir = await asyncio.to_thread(self._make_workdir, code)
@@ -99,13 +110,38 @@ class Runner:
         return _Workdir(root, work, main)
 
     async def _run_in(self, workdir: _Workdir, progress: ProgressSink) -> Outcome:
+        cgroups = self.cgroups
+        if cgroups is None:
+            return await self._spawn_and_wait(workdir, progress, None)
+        name = os.path.basename(workdir.root)
+        cgroup = await asyncio.to_thread(cgroups.create, name, self.limits.memory_bytes, self.limits.processes)
+        try:
+            outcome = await self._spawn_and_wait(workdir, progress, (cgroups, cgroup))
+            if outcome.limit is None and await asyncio.to_thread(cgroups.oom_killed, cgroup):
+                outcome.limit = "memory"
+            return outcome
+        finally:
+            try:
+                await asyncio.to_thread(cgroups.remove, cgroup)
+            except OSError as err:
+                log.warning("could not remove the call's cgroup %s: %s", cgroup, err)
+
+    async def _spawn_and_wait(
+        self, workdir: _Workdir, progress: ProgressSink, cgroup: tuple[CallCgroups, Path] | None
+    ) -> Outcome:
         status_r, status_w = os.pipe()
         argv = self.isolation.command(self.limits.rlimits(), workdir.root, workdir.work, workdir.main, status_w)
+        gate_r, gate_w = os.pipe() if cgroup is not None else (-1, -1)
+        if cgroup is not None:
+            # The child waits at this gate (its stdin) until it is in the call's cgroup, so nothing
+            # of the call ever runs outside it; a gate closed unopened (entering failed) ends it.
+            script = 'read -r _ || exit 125; exec </dev/null; exec "$@"'
+            argv = [shutil.which("sh") or "/bin/sh", "-c", script, "sh", *argv]
         started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
-                stdin=asyncio.subprocess.DEVNULL,
+                stdin=gate_r if cgroup is not None else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 env={},
@@ -116,9 +152,21 @@ class Runner:
             )
         except BaseException:
             os.close(status_r)
+            if cgroup is not None:
+                os.close(gate_w)
             raise
         finally:
             os.close(status_w)
+            if cgroup is not None:
+                os.close(gate_r)
+        if cgroup is not None:
+            try:
+                await asyncio.to_thread(cgroup[0].enter, cgroup[1], proc.pid)
+                os.write(gate_w, b"\n")
+            except OSError as err:
+                log.warning("could not put the call into its cgroup %s: %s", cgroup[1], err)
+            finally:
+                os.close(gate_w)
         progress("started")
         limit: str | None = None
 
@@ -128,7 +176,11 @@ class Runner:
             self._end_code(proc.pid)
 
         assert proc.stdout is not None and proc.stderr is not None
-        watcher = asyncio.create_task(watch_memory(proc.pid, self.limits.memory_bytes, lambda _: stop("memory")))
+        watcher = asyncio.create_task(
+            watch_memory(proc.pid, self.limits.memory_bytes, lambda _: stop("memory"))
+            if cgroup is None
+            else asyncio.sleep(0)  # the cgroup's memory.max holds the budget
+        )
         readers = (
             asyncio.create_task(read_capped(proc.stdout, self.limits.output_bytes, lambda: stop("output"))),
             asyncio.create_task(read_capped(proc.stderr, self.limits.output_bytes, lambda: stop("output"))),

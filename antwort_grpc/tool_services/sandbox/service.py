@@ -14,6 +14,7 @@ import grpc
 from antwort_grpc import pb
 from antwort_grpc.errors import RequestError
 from antwort_grpc.executors.base import ProgressSink
+from antwort_grpc.tool_services.sandbox.cgroup import CallCgroups, delegate
 from antwort_grpc.tool_services.sandbox.isolation import (
     SYSTEM_READ_PATHS,
     Isolation,
@@ -55,8 +56,9 @@ print("ok")
 """
 
 
-# How one call's processes share one memory budget (budget.py); said in the startup log line.
-MEMORY_BUDGET = "watcher (resident memory of the call's processes, summed every 0.1 s)"
+# How one call's processes share one memory budget; said in the startup log line.
+CGROUP_BUDGET = "cgroup v2 (memory.max and pids.max of a cgroup per call)"
+WATCHER_BUDGET = "watcher (resident memory of the call's processes, summed every 0.1 s)"
 # What the child (child.py) imports, asked of a candidate interpreter.
 _NEEDS = "import ctypes, json, resource, signal"
 # Interpreters any uid can usually run, tried when the service's own one is out of the code's reach.
@@ -145,12 +147,21 @@ async def prepare_runner(s: SandboxSettings, limits: Limits) -> Runner:
     candidates = [dataclasses.replace(fallback, unshare=unshare)] if unshare else []
     if s.namespaces != "required":
         candidates.append(fallback)
+    delegated = await asyncio.to_thread(delegate)
+    cgroups = delegated if isinstance(delegated, CallCgroups) else None
     failures: list[str] = []
     for isolation in candidates:
-        runner = Runner(isolation, limits, FilePolicy(s.max_files, s.max_files_bytes), s.workdir_root)
+        files = FilePolicy(s.max_files, s.max_files_bytes)
+        runner = Runner(isolation, limits, files, s.workdir_root, cgroups)
         problem = await _self_test(runner)
+        if problem is not None and cgroups is not None:
+            log.warning("per-call cgroups failed the self-test (%s): the memory watcher holds the budget", problem)
+            delegated, cgroups = f"per-call cgroups failed the self-test: {problem}", None
+            runner = Runner(isolation, limits, files, s.workdir_root)
+            problem = await _self_test(runner)
         if problem is None:
-            log.info("sandbox isolation: %s; memory per call: %s", isolation.describe(), MEMORY_BUDGET)
+            budget = CGROUP_BUDGET if cgroups is not None else f"{WATCHER_BUDGET} (no cgroup: {delegated})"
+            log.info("sandbox isolation: %s; memory per call: %s", isolation.describe(), budget)
             if failures:
                 log.warning("sandbox fell back to %s: %s", isolation.network, failures[0])
             return runner
