@@ -1,7 +1,8 @@
 """What isolation this machine allows, and the command line of one run.
 
 Always, in the child (child.py): resource limits, no capabilities, a seccomp filter that denies
-socket creation, io_uring, setsid and setpgid, and an empty environment. Where the kernel has it,
+sockets (and Unix sockets addressed by path), io_uring, setsid and setpgid, and acting on any
+process but the code's own, and an empty environment. Where the kernel has it,
 Landlock confines reads to the interpreter, system libraries and the call's directory, and writes
 to that directory. Where `unshare` works (unprivileged user namespaces), the child also gets its
 own user, network, pid, mount, IPC and UTS namespaces: no network interface at all, no view of the
