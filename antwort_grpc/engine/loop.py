@@ -55,6 +55,7 @@ from antwort_grpc.providers.base import (
     TurnEnd,
     TurnRequest,
 )
+from antwort_grpc.providers.coalesce import max_hold_of
 from antwort_grpc.storage.base import ResponseStore, StoredResponse
 
 log = logging.getLogger(__name__)
@@ -415,6 +416,8 @@ class Engine:
             ),
             temperature=request.temperature if request.HasField("temperature") else None,
             top_p=request.top_p if request.HasField("top_p") else None,
+            coalesce=not request.delta_coalescing.disabled,
+            max_hold=max_hold_of(request),
         )
 
     async def _await_completion(self, run: Run, call: ModelCall) -> Completion | None:

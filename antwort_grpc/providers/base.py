@@ -38,6 +38,10 @@ class TurnRequest:
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    # Streaming: deltas of one part that are already waiting may be passed on as one
+    # (providers/coalesce.py); `max_hold` seconds a delta may wait for more of its part.
+    coalesce: bool = True
+    max_hold: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from google.protobuf.duration_pb2 import Duration
 from antwort_grpc import pb
 from antwort_grpc.engine.limits import ServerLimits
 from antwort_grpc.errors import FieldViolation, invalid_argument, shorten
+from antwort_grpc.providers import coalesce
 from antwort_grpc.responses.limits import DEFAULT_LIMITS, MAX_ID_CHARS, Limits
 from antwort_grpc.responses.schemas import parameters_problem
 
@@ -57,6 +58,8 @@ def validate_create(request: pb.CreateResponseRequest, limits: Limits = DEFAULT_
         v.append(FieldViolation("temperature", "must be between 0 and 2"))
     if request.HasField("top_p") and not 0.0 <= request.top_p <= 1.0:
         v.append(FieldViolation("top_p", "must be between 0 and 1"))
+    if request.delta_coalescing.HasField("max_hold"):
+        _check_duration(request.delta_coalescing.max_hold, "delta_coalescing.max_hold", coalesce.MAX_HOLD, v)
     if len(request.metadata) > limits.max_metadata:
         v.append(FieldViolation("metadata", f"at most {limits.max_metadata} entries"))
     else:

@@ -70,6 +70,11 @@ class FakeOpenAI:
         # A stream waiting at its reply's `hold_at`, and the gate that lets it go on.
         self._holding = asyncio.Event()
         self._released = asyncio.Event()
+        # Tests that pace a stream: each data event after the first waits for a permit.
+        self.pace: asyncio.Semaphore | None = None
+        # Data events written (of every stream), and the signal of each one.
+        self.written = 0
+        self._wrote = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self._bound_port = 0
         self._expand()
@@ -121,6 +126,13 @@ class FakeOpenAI:
         """Returns once a stream waits at its reply's `hold_at` (raises TimeoutError otherwise)."""
         async with asyncio.timeout(timeout):
             await self._holding.wait()
+
+    async def wait_written(self, count: int, timeout: float = 5.0) -> None:
+        """Returns once `count` data events have been written (raises TimeoutError otherwise)."""
+        async with asyncio.timeout(timeout):
+            while self.written < count:
+                self._wrote.clear()
+                await self._wrote.wait()
 
     def release(self) -> None:
         """Let the held streams go on; a later reply with `hold_at` holds again."""
@@ -231,8 +243,12 @@ class FakeOpenAI:
                 await released.wait()
             if n >= reply.delay_from and reply.delay:
                 await asyncio.sleep(reply.delay)
+            if n and self.pace is not None:
+                await self.pace.acquire()
             data = "{not json" if n == reply.malformed_at else payload
             await response.write(b"data: " + data.encode() + b"\n\n")
+            self.written += 1
+            self._wrote.set()
         if reply.send_done:
             await response.write(b"data: [DONE]\n\n")
         await response.write_eof()

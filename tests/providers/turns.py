@@ -24,6 +24,9 @@ def user(text: str) -> pb.Item:
 
 
 def turn(text: str = "Hello", model: str = "fake-model", **options: object) -> TurnRequest:
+    # These tests look at how each chunk is translated: coalescing (chunks that arrive in one
+    # read leave as one delta) is off unless a test turns it on.
+    options.setdefault("coalesce", False)
     return TurnRequest(model=model, instructions="", items=[user(text)], tools=[], **options)  # type: ignore[arg-type]
 
 

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from antwort_grpc.observability.tracing import headers as trace_headers
 from antwort_grpc.providers.base import Completion, ProviderError, ProviderEvent, ProviderHealth, TurnRequest
+from antwort_grpc.providers.coalesce import MAX_MERGED, delta_size, merge_deltas, mergeable
 from antwort_grpc.providers.openai.config import BackendConfig
 from antwort_grpc.providers.openai.errors import backoff, retry_after, status_error
 from antwort_grpc.providers.openai.request import build_body
@@ -80,7 +81,7 @@ class OpenAICompatProvider:
             started = False
             try:
                 # aclosing: a caller that stops iterating closes the HTTP response now, not at GC.
-                async with contextlib.aclosing(self._stream_once(body, model)) as events:
+                async with contextlib.aclosing(self._stream_once(body, model, turn)) as events:
                     async for event in events:
                         started = True
                         yield event
@@ -175,27 +176,30 @@ class OpenAICompatProvider:
         except ValidationError as error:
             raise _protocol_error(content, error) from None
 
-    async def _stream_once(self, body: bytes, model: str) -> AsyncGenerator[ProviderEvent, None]:
+    async def _stream_once(self, body: bytes, model: str, turn: TurnRequest) -> AsyncGenerator[ProviderEvent, None]:
         response = await self._post(body, model)
         translator = StreamTranslator()
         parser = SseParser()
+        reader = response.content
         clean = False
         try:
             try:
-                async for block in response.content.iter_any():
-                    for data in parser.feed(block):
-                        if data == _DONE:
-                            clean = True
-                            break
-                        for event in translator.feed(_parse_chunk(data)):
-                            yield event
-                    if clean:
+                while not clean:
+                    block = await reader.readany()
+                    events: list[ProviderEvent] = []
+                    broken: ProviderError | None = None
+                    try:
+                        clean = self._feed(parser.feed(block) if block else parser.finish(), translator, events)
+                        if turn.max_hold and turn.coalesce and block and not clean and events and mergeable(events[-1]):
+                            clean = await self._hold(reader, parser, translator, events, turn.max_hold)
+                    except _Broken as error:
+                        broken = error.error
+                    for event in merge_deltas(events) if turn.coalesce else events:
+                        yield event
+                    if broken is not None:
+                        raise broken
+                    if not block:
                         break
-                else:
-                    for data in parser.finish():
-                        if data != _DONE:
-                            for event in translator.feed(_parse_chunk(data)):
-                                yield event
             except aiohttp.ClientPayloadError as error:
                 raise _Retry("backend_unavailable", f"the model backend broke off its answer: {error}") from None
             except TimeoutError:
@@ -216,6 +220,52 @@ class OpenAICompatProvider:
                 response.release()
             else:
                 response.close()
+
+    @staticmethod
+    def _feed(payloads: list[bytes], translator: StreamTranslator, events: list[ProviderEvent]) -> bool:
+        """Translate one read's payloads into `events`; True once [DONE] came. A bad payload
+        raises _Broken with the events before it, which the caller passes on first."""
+        for data in payloads:
+            if data == _DONE:
+                return True
+            try:
+                events += translator.feed(_parse_chunk(data))
+            except ProviderError as error:
+                raise _Broken(error) from None
+        return False
+
+    async def _hold(
+        self,
+        reader: aiohttp.StreamReader,
+        parser: SseParser,
+        translator: StreamTranslator,
+        events: list[ProviderEvent],
+        hold: float,
+    ) -> bool:
+        """The request allows a delta to wait: read on for up to `hold` seconds while the last
+        event is still a delta that more could join. True once [DONE] came."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + hold
+        while (remaining := until - loop.time()) > 0:
+            try:
+                block = await asyncio.wait_for(reader.readany(), remaining)
+            except TimeoutError:
+                return False
+            if not block:
+                return False  # the end of the stream: the caller's next read sees it too
+            if self._feed(parser.feed(block), translator, events):
+                return True
+            if not mergeable(events[-1]) or sum(map(delta_size, events)) >= MAX_MERGED:
+                return False
+        return False
+
+
+class _Broken(Exception):
+    """A payload that cannot be used, after the events of the same read that came before it."""
+
+    def __init__(self, error: ProviderError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 def _parse_chunk(data: bytes) -> ChatCompletionChunk:
