@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -382,3 +383,47 @@ def test_a_status_is_summarised_below_eight_kib() -> None:
     assert bad.field_violations[0].field == "f"
     assert 1 < len(bad.field_violations) < 1000
     assert "more problems" in bad.field_violations[-1].description
+
+
+async def test_bytes_that_do_not_parse_on_the_other_rpcs_are_invalid_argument(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    bad_id = wire(1, b"resp_\xff")  # response_id with bad UTF-8
+    async with running_gateway(provider=ScriptedProvider([[Text("hello")]], repeat=True)) as gw:
+        for method, answer in [("GetResponse", pb.GetResponseResponse), ("CancelResponse", pb.CancelResponseResponse)]:
+            call = gw.channel.unary_unary(
+                f"/antwort.v1.ResponsesService/{method}",
+                request_serializer=lambda b: b,
+                response_deserializer=answer.FromString,
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call(bad_id, timeout=10)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "response_id" in violations_of(info.value)
+
+        # Converse: a first message that does not parse, and one after a response has run.
+        converse = gw.channel.stream_stream(
+            "/antwort.v1.ResponsesService/Converse",
+            request_serializer=lambda b: b,
+            response_deserializer=pb.ConverseResponse.FromString,
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in converse(_one(wire(1, wire(2, b"caf\xc3"))), timeout=10):
+                pass
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "create.input_text" in violations_of(info.value)
+
+        session = converse(timeout=10)
+        await session.write(pb.ConverseRequest(create=pb.CreateResponseRequest(input_text="hi")).SerializeToString())
+        while True:
+            message = await session.read()
+            if message.event.WhichOneof("event") == "completed":
+                break
+        await session.write(b"\xff\xff\xff")
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await session.read()
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR], caplog.text
+
+
+async def _one(message: bytes) -> AsyncIterator[bytes]:
+    yield message

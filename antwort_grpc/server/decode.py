@@ -3,13 +3,14 @@ a string, a corrupt wire format, nesting past the parser's depth limit) are INVA
 the field they are in. Left to grpc they are UNKNOWN with a Python exception text, and a logged
 traceback.
 
-Only unary requests go this way; streamed requests keep grpc's deserializer.
+Streamed requests (Converse) are parsed one message at a time as the servicer reads them.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable
+import inspect
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -59,8 +60,10 @@ def add_parsing_servicer(add: Callable[[Any, Any], None], servicer: object, serv
 
 def _parsing(handler: Any) -> Any:
     parse = handler.request_deserializer
-    if handler.request_streaming or parse is None:
+    if parse is None:
         return handler
+    if handler.request_streaming:
+        return _parsing_stream(handler, parse)
     if handler.unary_unary is not None:
         unary = handler.unary_unary
 
@@ -82,6 +85,36 @@ def _parsing(handler: Any) -> Any:
 
         return grpc.unary_stream_rpc_method_handler(unary_stream, response_serializer=handler.response_serializer)
     return handler
+
+
+def _parsing_stream(handler: Any, parse: Parse) -> Any:
+    """A handler reading a stream of requests, given them parsed. A message that does not parse
+    ends the call with INVALID_ARGUMENT (the servicer's read raises grpc's abort error)."""
+    behavior = handler.stream_stream or handler.stream_unary
+    if behavior is None or inspect.isasyncgenfunction(behavior):
+        # No servicer of ours answers a stream with a generator: left as grpc runs it.
+        return handler
+
+    async def run(requests: AsyncIterator[bytes], context: Any) -> Any:
+        aborted: list[BaseException] = []
+
+        async def parsed() -> AsyncIterator[Any]:
+            async for raw in requests:
+                try:
+                    yield await parse_request(raw, parse, context)
+                except grpc.aio.AbortError as err:
+                    aborted.append(err)
+                    raise
+
+        result = await behavior(parsed(), context)
+        if aborted:
+            # The servicer stopped reading on the abort without passing it on: pass it to grpc,
+            # which expects the abort it was told about (or logs it as suppressed).
+            raise aborted[0]
+        return result
+
+    make = grpc.stream_stream_rpc_method_handler if handler.stream_stream else grpc.stream_unary_rpc_method_handler
+    return make(run, response_serializer=handler.response_serializer)
 
 
 async def parse_request(raw: bytes, parse: Parse, context: Any) -> Any:
