@@ -67,6 +67,8 @@ class Governor:
         self._clock: asyncio.TimerHandle | None = None
         self._model_started = 0.0
         self._usage_before = (0, 0, 0)
+        # The final metrics are in the response.
+        self.written = False
 
     def bind(self, response: pb.Response) -> None:
         """The response this run builds: hooks learn its id, model and metadata."""
@@ -318,6 +320,7 @@ class Governor:
             self.metrics.hooks(self.hook_run.calls, self.hook_run.failed, self.hook_run.seconds)
         self.metrics.write(response.metrics)
         response.omitted_items = self.omitted
+        self.written = True
 
 
 def _event(failure: HookFailure) -> pb.HookFailedEvent:

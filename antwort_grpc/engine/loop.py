@@ -729,7 +729,7 @@ class Engine:
     async def _save(self, run: Run, *, required: bool = False) -> None:
         """Store the response as it is. `required` (the first save): a store that fails refuses
         the response, rather than run one that could never be read back or continued."""
-        if run.response.status in state.TERMINAL:
+        if not run.governor.written and run.response.status in state.TERMINAL:
             run.governor.write(run.response)
         if not run.response.store:
             return
