@@ -72,8 +72,11 @@ async def read_stream(
                 if on_first_text is not None:
                     on_first_text()
             if stamped:
-                read.lags_ns.append(time.monotonic_ns() - int(event.output_text_delta.delta))
-                read.lag_times.append(now)
+                # One stamp per token; a merged delta carries several.
+                arrived = time.monotonic_ns()
+                for stamp in event.output_text_delta.delta.split():
+                    read.lags_ns.append(arrived - int(stamp))
+                    read.lag_times.append(now)
         elif kind in ("completed", "incomplete", "failed", "cancelled", "requires_action"):
             read.terminal = kind
             read.response_id = getattr(event, kind).response.id

@@ -8,17 +8,19 @@ import asyncio
 import contextlib
 import math
 import statistics
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
 from antwort_grpc import pb
-from bench import profile
+from bench import loadgen, profile
 from bench.backend import model_name
 from bench.clients import Direct, channel, create, drive, function_tool, read_stream
-from bench.procs import Child, spawn
+from bench.procs import Child, cpu_seconds, spawn
 from bench.stats import Results, percentile
 
 
@@ -34,7 +36,7 @@ class Scale:
     tool_repeats: int  # figure 3
     streams: int  # figure 4: conversations held open at once
     stream_repeats: int
-    tokens: int  # figure 4: tokens per model turn, `token_delay` seconds apart
+    tokens: int  # figure 4: tokens per model turn, `token_delay` seconds apart (50/s: a fast model)
     token_delay: float
     growth_turns: int  # figure 5: turns per block (responses = growth_turns / turns)
     chain: int  # figure 5: previous_response_id chain length
@@ -51,8 +53,8 @@ FULL = Scale(
     tool_repeats=10,
     streams=1000,
     stream_repeats=3,
-    tokens=20,
-    token_delay=0.25,
+    tokens=100,
+    token_delay=0.02,
     growth_turns=200,
     chain=50,
 )
@@ -121,7 +123,7 @@ async def stream_throughput(scale: Scale, results: Results) -> None:
             results.add("stream_throughput_ratio", rate["gateway"] / rate["echo"])
             results.add("stream_gateway_events_per_s", rate["gateway"], "events/s")
             results.add("stream_echo_events_per_s", rate["echo"], "events/s")
-            results.add("stream_cpu_ratio", cpu["echo"] / cpu["gateway"] if cpu["gateway"] else math.nan)
+            results.add("stream_cpu_vs_echo", cpu["echo"] / cpu["gateway"] if cpu["gateway"] else math.nan)
             results.add("stream_gateway_cpu_us_per_event", cpu["gateway"] * 1e6, "µs")
             results.add("stream_echo_cpu_us_per_event", cpu["echo"] * 1e6, "µs")
 
@@ -177,6 +179,12 @@ async def overhead(scale: Scale, results: Results, backend: Child) -> None:
                 pass
 
         calls = {"gateway": via_gateway, "direct": direct.complete}
+        body = Path(tempfile.mkdtemp(prefix="bench-")) / "body.json"
+        body.write_bytes(direct.plain)
+        go_load = {
+            "gateway": ["-mode", "create", "-target", gw.target, "-model", model],
+            "direct": ["-mode", "http", "-url", direct.url, "-body", str(body)],
+        }
         # Warm both paths (connection pools, first-call code paths).
         for call in (via_gateway, direct.complete, via_echo):
             await drive(call, 20, 4)
@@ -219,14 +227,30 @@ async def overhead(scale: Scale, results: Results, backend: Child) -> None:
                 "added_ttfe_ms", _ms(statistics.median(first["gateway"]) - statistics.median(first["direct"])), "ms"
             )
             results.add("gateway_created_event_ms", _ms(statistics.median(first_event)), "ms")
-            # Concurrency N: requests/s and CPU per request under load.
+            # Concurrency N: requests/s and CPU per request under load, both sides driven by the
+            # Go load generator (a Python client would be the bottleneck on these two cores).
             for side in _order(flip):
                 before = gw.cpu_seconds()
-                _, wall[side] = await drive(calls[side], scale.cn_requests, scale.concurrency)
+                report = await loadgen.run(*go_load[side], "-n", str(scale.cn_requests), "-c", str(scale.concurrency))
+                if report["errors"]:
+                    raise RuntimeError(f"concurrency {scale.concurrency}: {report['errors']} {side} requests failed")
+                wall[side] = report["wall_s"]
+                results.add(f"loadgen_cpu_ms_per_request_c32_{side}", _ms(report["cpu_s"]) / scale.cn_requests, "ms")
                 if side == "gateway":
                     cpu = _ms(gw.cpu_seconds() - before) / scale.cn_requests
                     results.add("gateway_cpu_ms_per_request_c32", cpu, "ms")
             results.add("throughput_ratio_c32", wall["direct"] / wall["gateway"])
+            # The same answer streamed and not: the gateway's CPU per request of each (concurrency 1).
+            cpu = {}
+            for mode in ("stream", "create") if flip else ("create", "stream"):
+                before = gw.cpu_seconds()
+                report = await loadgen.run("-mode", mode, "-target", gw.target, "-model", model,
+                                           "-n", str(scale.c1_requests), "-c", "1")  # fmt: skip
+                if report["errors"]:
+                    raise RuntimeError(f"{mode}: {report['errors']} requests failed")
+                cpu[mode] = (gw.cpu_seconds() - before) / scale.c1_requests
+            results.add("stream_cpu_ratio", cpu["stream"] / cpu["create"])
+            results.add("gateway_cpu_ms_per_streamed_request", _ms(cpu["stream"]), "ms")
         # The p99 of a few hundred samples is one or two requests: pool every round's samples.
         results.set_headline(
             "added_latency_p99_ms", _ms(percentile(pooled["gateway"], 99) - percentile(pooled["direct"], 99))
@@ -278,105 +302,88 @@ async def _time_tools(scale: Scale, results: Results, key: str, gw: Child) -> No
 
 
 async def concurrency(scale: Scale, results: Results, backend: Child) -> None:
-    """Many streamed conversations held open at once: errors, memory per stream, token lag."""
-    for _ in range(scale.stream_repeats):
-        # A fresh gateway each time: Python keeps memory it once had, so a second run would
-        # show no growth.
-        async with gateway("--provider", "openai", "--backend-url", backend.url) as gw:
-            await _hold_streams(scale, results, gw, backend)
+    """Many streamed conversations held open at once, the backend producing tokens at a realistic
+    pace: errors, memory per stream, token lag, and the gateway's CPU per token delivered. The
+    backend and the client are the Go load generator (bench/loadgen/): a Python backend cannot
+    write 50,000 chunks a second on these two cores, and a Python client would spend more CPU
+    per event than the gateway it measures."""
+    async with loadgen.backend() as go_backend:
+        for _ in range(scale.stream_repeats):
+            # A fresh gateway each time: Python keeps memory it once had, so a second run would
+            # show no growth.
+            async with gateway("--provider", "openai", "--backend-url", go_backend.url) as gw:
+                await _hold_streams(scale, results, gw, go_backend)
 
 
 async def _hold_streams(scale: Scale, results: Results, gw: Child, backend: Child) -> None:
-    channels = [channel(gw.target) for _ in range(8)]
-    stubs = [pb.ResponsesServiceStub(c) for c in channels]
-    tools = [function_tool("noop")]
+    warm = model_name(words=3, tools=1)
+    await loadgen.run("-mode", "stream", "-target", gw.target, "-model", warm, "-tools",
+                      "-n", str(min(50, scale.streams)), "-c", str(min(50, scale.streams)))  # fmt: skip
+    await asyncio.sleep(0.5)
+    base_rss = gw.rss_bytes()
+    peak_rss = base_rss
+    model = model_name(words=scale.tokens, delay=scale.token_delay, tools=1, stamp=True)
+    # (time, CPU seconds of the gateway, of the backend and the client (both Go))
+    cpu_samples: list[tuple[float, float, float]] = []
+    client_pid: list[int] = []
+
+    async def sample() -> None:
+        nonlocal peak_rss
+        while True:
+            peak_rss = max(peak_rss, gw.rss_bytes())
+            others = backend.cpu_seconds() + sum(_cpu_or_zero(pid) for pid in client_pid)
+            cpu_samples.append((time.perf_counter(), gw.cpu_seconds(), others))
+            await asyncio.sleep(0.1)
+
+    sampler = asyncio.create_task(sample())
+    gateway_before = gw.cpu_seconds()
     try:
-        warm = pb.CreateResponseRequest(model=model_name(words=3, tools=1), input_text="hi", stream=True, tools=tools)
-        await asyncio.gather(*(read_stream(stubs[n % len(stubs)], warm) for n in range(min(50, scale.streams))))
-        await asyncio.sleep(0.5)
-        base_rss = gw.rss_bytes()
-        model = model_name(words=scale.tokens, delay=scale.token_delay, tools=1, stamp=True)
-        request = pb.CreateResponseRequest(model=model, input_text="hi", stream=True, tools=tools)
-        # Open: the call is made. Streaming: tokens are arriving (the backend is answering it).
-        open_now = peak_open = streaming = peak_streaming = 0
-        peak_rss = base_rss
-        errors = 0
-        # (when read, lag in ns) of every token; when each conversation's first token came, and its end.
-        lags: list[tuple[float, int]] = []
-        first_tokens: list[float] = []
-        ends: list[float] = []
-
-        async def conversation(n: int) -> None:
-            nonlocal open_now, peak_open, errors, streaming, peak_streaming
-            open_now += 1
-            peak_open = max(peak_open, open_now)
-            started = False
-
-            def tokens_started() -> None:
-                nonlocal streaming, peak_streaming, started
-                started = True
-                streaming += 1
-                peak_streaming = max(peak_streaming, streaming)
-
-            try:
-                read = await read_stream(stubs[n % len(stubs)], request, stamped=True, on_first_text=tokens_started)
-                lags.extend(zip(read.lag_times, read.lags_ns, strict=True))
-                first_tokens.append(read.first_text)
-                ends.append(read.ended)
-                tokens = len(read.lags_ns) == 2 * scale.tokens
-                if read.terminal != "completed" or not read.sequence_ok or not tokens:
-                    errors += 1
-            except grpc.aio.AioRpcError:
-                errors += 1
-            finally:
-                open_now -= 1
-                streaming -= started
-
-        # (time, CPU seconds of the gateway, of the backend, of this client process)
-        cpu_samples: list[tuple[float, float, float, float]] = []
-
-        async def sample() -> None:
-            nonlocal peak_rss
-            while True:
-                peak_rss = max(peak_rss, gw.rss_bytes())
-                now = time.perf_counter()
-                cpu_samples.append((now, gw.cpu_seconds(), backend.cpu_seconds(), time.process_time()))
-                await asyncio.sleep(0.1)
-
-        sampler = asyncio.create_task(sample())
-        started = time.perf_counter()
-        try:
-            await asyncio.gather(*(conversation(n) for n in range(scale.streams)))
-        finally:
-            sampler.cancel()
-        wall = time.perf_counter() - started
-        results.add("concurrency_errors", errors)
-        results.add("concurrency_peak_open", peak_open)
-        results.add("concurrency_peak_streaming", peak_streaming)
-        results.add("rss_per_stream_kb", (peak_rss - base_rss) / scale.streams / 1024, "KiB")
-        all_lags = [lag for _, lag in lags]
-        results.add("token_lag_p99_ms", percentile(all_lags, 99) / 1e6 if lags else math.nan, "ms")
-        results.add("token_lag_p50_ms", percentile(all_lags, 50) / 1e6 if lags else math.nan, "ms")
-        # Held: from the moment every conversation is receiving tokens until the first one ends
-        # (the ramp of a thousand calls opening at once is left out).
-        held = [lag for when, lag in lags if max(first_tokens, default=0) <= when <= min(ends, default=0)]
-        if held:
-            results.add("token_lag_p99_ms_held", percentile(held, 99) / 1e6, "ms")
-            results.add("concurrency_held_s", min(ends) - max(first_tokens), "s")
-        results.add("concurrency_wall_s", wall, "s")
-        # How busy the machine was in the busiest second: the three processes' CPU, in cores.
-        busiest = (0.0, 0.0)
-        for i, (t0, g0, _, _) in enumerate(cpu_samples):
-            for t1, g1, b1, c1 in cpu_samples[i + 1 :]:
-                if t1 - t0 >= 1.0:
-                    total = (g1 - g0 + b1 - cpu_samples[i][2] + c1 - cpu_samples[i][3]) / (t1 - t0)
-                    busiest = max(busiest, (total, (g1 - g0) / (t1 - t0)))
-                    break
-        results.add("concurrency_busiest_cores", busiest[0], "cores")
-        results.add("concurrency_busiest_gateway_cores", busiest[1], "cores")
+        report = await loadgen.run("-mode", "stream", "-target", gw.target, "-model", model, "-tools", "-stamped",
+                                   "-n", str(scale.streams), "-c", str(scale.streams),
+                                   started=client_pid.append)  # fmt: skip
     finally:
-        for c in channels:
-            await c.close()
+        sampler.cancel()
+    gateway_cpu = gw.cpu_seconds() - gateway_before
+    streams = report["streams"]
+    errors = report["errors"] + sum(1 for st in streams if not st["sequence_ok"] or st["tokens"] != 2 * scale.tokens)
+    results.add("concurrency_errors", errors)
+    results.add("concurrency_peak_open", report["peak_open"])
+    results.add("concurrency_peak_streaming", report["peak_streaming"])
+    results.add("rss_per_stream_kb", (peak_rss - base_rss) / scale.streams / 1024, "KiB")
+    lags: list[int] = report["lags_ns"]
+    tokens = len(lags)
+    results.add("token_lag_p99_ms", percentile(lags, 99) / 1e6 if lags else math.nan, "ms")
+    results.add("token_lag_p50_ms", percentile(lags, 50) / 1e6 if lags else math.nan, "ms")
+    first_tokens = [st["first_text"] for st in streams if st["first_text"]]
+    ends = [st["ended"] for st in streams]
+    # Held: from the moment every conversation is receiving tokens until the first one ends
+    # (the ramp of a thousand calls opening at once is left out).
+    held = [lag for when, lag in zip(report["lag_times"], lags, strict=True)
+            if max(first_tokens, default=0) <= when <= min(ends, default=0)]  # fmt: skip
+    if held:
+        results.add("token_lag_p99_ms_held", percentile(held, 99) / 1e6, "ms")
+        results.add("concurrency_held_s", min(ends) - max(first_tokens), "s")
+    results.add("concurrency_wall_s", report["wall_s"], "s")
+    if tokens:
+        results.add("gateway_cpu_us_per_token_1000_streams", gateway_cpu / tokens * 1e6, "µs")
+        results.add("loadgen_cpu_us_per_token_1000_streams", report["cpu_s"] / tokens * 1e6, "µs")
+        results.add("tokens_per_delta_event_1000_streams", tokens / max(1, report["deltas"]))
+    # How busy the machine was in the busiest second: the processes' CPU, in cores.
+    busiest = (0.0, 0.0)
+    for i, (t0, g0, o0) in enumerate(cpu_samples):
+        for t1, g1, o1 in cpu_samples[i + 1 :]:
+            if t1 - t0 >= 1.0:
+                busiest = max(busiest, ((g1 - g0 + o1 - o0) / (t1 - t0), (g1 - g0) / (t1 - t0)))
+                break
+    results.add("concurrency_busiest_cores", busiest[0], "cores")
+    results.add("concurrency_busiest_gateway_cores", busiest[1], "cores")
+
+
+def _cpu_or_zero(pid: int) -> float:
+    try:
+        return cpu_seconds(pid)
+    except OSError:
+        return 0.0
 
 
 # -- 5. growth ------------------------------------------------------------------------------------

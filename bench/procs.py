@@ -67,9 +67,15 @@ def rss_bytes(pid: int) -> int:
 
 async def spawn(name: str, module: str, *args: str, timeout: float = 30.0) -> Child:
     """Start `python -m module args…` and wait for its READY line."""
+    return await spawn_command(name, [sys.executable, "-m", module, *args], timeout=timeout)
+
+
+async def spawn_command(name: str, command: list[str], timeout: float = 30.0) -> Child:
+    """Start `command` (a program that prints READY <port>) and wait for its READY line."""
+    module = command[0]
     # The child's stdin is a pipe from us: when we end, however we end, it sees EOF and stops.
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", module, *args, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.PIPE
+        *command, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.PIPE
     )
     assert process.stdout is not None
     try:

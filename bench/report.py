@@ -30,7 +30,7 @@ class Row:
 
 ROWS = [
     Row("1 stream", "stream_throughput_ratio", "events/s of CreateResponse ÷ bare grpc.aio streaming", ">=", 0.8),
-    Row("1 stream", "stream_cpu_ratio", "server CPU per event: bare grpc.aio ÷ gateway"),
+    Row("1 stream", "stream_cpu_vs_echo", "server CPU per event: bare grpc.aio ÷ gateway"),
     Row("1 stream", "stream_gateway_cpu_us_per_event", "gateway CPU per streamed event (µs)"),
     Row("2 overhead", "added_latency_p50_ms", "added latency p50, non-streaming, concurrency 1 (ms)", "<=", 2),
     Row("2 overhead", "added_latency_p99_ms", "added latency p99 (ms, all rounds pooled)"),
@@ -45,6 +45,11 @@ ROWS = [
     Row("2 overhead", "throughput_ratio_c32", "requests/s ÷ direct, concurrency 32", ">=", 0.5),
     Row("2 overhead", "gateway_cpu_ms_per_request", "gateway CPU per request, concurrency 1 (ms)", "<=", 2),
     Row("2 overhead", "gateway_cpu_ms_per_request_c32", "gateway CPU per request, concurrency 32 (ms)", "<=", 2),
+    Row(
+        "2 overhead", "loadgen_cpu_ms_per_request_c32_gateway", "the Go load generator's CPU per request beside it (ms)"
+    ),
+    Row("2 overhead", "stream_cpu_ratio", "gateway CPU per streamed request ÷ per non-streamed, same answer", "<=", 2),
+    Row("2 overhead", "gateway_cpu_ms_per_streamed_request", "gateway CPU per streamed request, 20 words (ms)"),
     Row("3 tools", "parallel_tools_ratio", "8 tool calls of 200 ms, in-process executor: time ÷ 200 ms", "<=", 1.2),
     Row("3 tools", "parallel_tools_ratio_remote", "the same through a ToolExecutorService over gRPC", "<=", 1.2),
     Row("4 concurrency", "concurrency_errors", "failed or incomplete conversations (of 1,000 held open)", "<=", 0),
@@ -52,6 +57,17 @@ ROWS = [
     Row("4 concurrency", "concurrency_peak_streaming", "conversations receiving tokens at once (peak)"),
     Row("4 concurrency", "rss_per_stream_kb", "gateway memory growth per open stream (KiB)", "<=", 100),
     Row("4 concurrency", "token_lag_p99_ms", "backend writes a token → client has its event, p99 (ms)", "<=", 50),
+    Row(
+        "4 concurrency",
+        "gateway_cpu_us_per_token_1000_streams",
+        "gateway CPU ÷ tokens delivered, 1,000 streams at 50 tokens/s each (µs)",
+        "<=",
+        30,
+    ),
+    Row(
+        "4 concurrency", "loadgen_cpu_us_per_token_1000_streams", "the Go load generator's CPU per token beside it (µs)"
+    ),
+    Row("4 concurrency", "tokens_per_delta_event_1000_streams", "tokens per delta event (coalescing under load)"),
     Row("4 concurrency", "token_lag_p50_ms", "the same, p50 (ms)"),
     Row("4 concurrency", "token_lag_p99_ms_held", "the same, p99, only while all 1,000 receive tokens (ms)"),
     Row("4 concurrency", "concurrency_busiest_cores", "gateway + backend + client CPU, busiest second (cores of 2)"),
@@ -96,6 +112,8 @@ HISTORY_KEYS = [
     "concurrency_errors",
     "rss_per_stream_kb",
     "token_lag_p99_ms",
+    "gateway_cpu_us_per_token_1000_streams",
+    "stream_cpu_ratio",
     "turn_cost_ratio_10_vs_1",
     "chain50_cost_ratio",
 ]
