@@ -123,6 +123,9 @@ class Governor:
             await self.hooks.after_response(self.hook_run, response)
         except HookFailed as failed:
             return Failed("hook_failed", str(failed))
+        finally:
+            # The audit call itself counts too: the metrics were written before it.
+            self.write(response)
         return None
 
     # -- limits ---------------------------------------------------------------------------------
