@@ -61,8 +61,20 @@ from antwort_grpc.storage.base import ResponseStore, StoredResponse
 log = logging.getLogger(__name__)
 
 S = pb.ResponseStatus
-Decision = pb.TurnDecision
-ItemStatus = pb.ItemStatus
+# Enum values as plain ints: a protobuf enum attribute lookup is a Python-level call, and these are
+# read on every response.
+RESPOND: int = pb.TurnDecision.TURN_DECISION_RESPOND
+CALL_TOOLS: int = pb.TurnDecision.TURN_DECISION_CALL_TOOLS
+INTERRUPTED: int = pb.TurnDecision.TURN_DECISION_INTERRUPTED
+STEER: int = pb.InputKind.INPUT_KIND_STEER
+FOLLOW_UP: int = pb.InputKind.INPUT_KIND_FOLLOW_UP
+ITEM_COMPLETED: int = pb.ItemStatus.ITEM_STATUS_COMPLETED
+ITEM_INCOMPLETE: int = pb.ItemStatus.ITEM_STATUS_INCOMPLETE
+COMPLETED: int = S.RESPONSE_STATUS_COMPLETED
+REQUIRES_ACTION: int = S.RESPONSE_STATUS_REQUIRES_ACTION
+INCOMPLETE: int = S.RESPONSE_STATUS_INCOMPLETE
+FAILED: int = S.RESPONSE_STATUS_FAILED
+CANCELLED: int = S.RESPONSE_STATUS_CANCELLED
 
 
 @dataclass(slots=True)
@@ -239,7 +251,7 @@ class Engine:
             except Exception as err:
                 log.exception("response %s failed", run.response_id)
                 run.outcome = Failed("internal_error", f"{type(err).__name__}: {err}")
-            for event in emitter.close_turn(ItemStatus.ITEM_STATUS_INCOMPLETE):
+            for event in emitter.close_turn(ITEM_INCOMPLETE):
                 yield event
             run.governor.stop_clock()
             self._finish(run)
@@ -264,7 +276,7 @@ class Engine:
                 if not finished:
                     # The client went away (or the server is shutting down): keep what was done.
                     if run.response.status not in state.TERMINAL:
-                        emitter.close_turn(ItemStatus.ITEM_STATUS_INCOMPLETE)
+                        emitter.close_turn(ITEM_INCOMPLETE)
                         run.outcome = Cancelled()
                         self._finish(run)
                     await asyncio.shield(self._save(run))
@@ -327,7 +339,7 @@ class Engine:
             calls = [i.function_call for i in produced if i.WhichOneof("kind") == "function_call"]
             if finish is None:
                 # Cut short by a steering message: its calls never run.
-                yield emitter.turn_decided(turn, Decision.TURN_DECISION_INTERRUPTED, len(calls))
+                yield emitter.turn_decided(turn, INTERRUPTED, len(calls))
                 for event in self._supersede(run, calls):
                     yield event
                 yield emitter.turn_completed(turn, clock.time() - began)
@@ -335,7 +347,7 @@ class Engine:
             screened = policy.screen_turn(
                 finish=finish, calls=calls, choice=choice, loop_enabled=loop_enabled, known=run.tools.routes
             )
-            decision = Decision.TURN_DECISION_CALL_TOOLS if calls else Decision.TURN_DECISION_RESPOND
+            decision = CALL_TOOLS if calls else RESPOND
             yield emitter.turn_decided(turn, decision, len(calls))
             if isinstance(screened, Completed) and (run.steer or run.follow_ups):
                 # Not the end yet: a steering message that came during the answer is answered
@@ -343,7 +355,7 @@ class Engine:
                 yield emitter.turn_completed(turn, clock.time() - began)
                 if not run.steer:
                     run.round += 1
-                    for event in self._inject(run, pb.InputKind.INPUT_KIND_FOLLOW_UP, run.follow_ups.pop(0)):
+                    for event in self._inject(run, FOLLOW_UP, run.follow_ups.pop(0)):
                         yield event
                 continue
             if isinstance(screened, Completed | Incomplete):
@@ -445,7 +457,7 @@ class Engine:
                     if run.reason:
                         raise _Stopped
                     if run.steer:
-                        for event in emitter.close_turn(ItemStatus.ITEM_STATUS_INCOMPLETE):
+                        for event in emitter.close_turn(ITEM_INCOMPLETE):
                             yield event
                         yield None
                         return
@@ -480,11 +492,7 @@ class Engine:
                 else:
                     assert isinstance(delta, TurnEnd)
                     _add_usage(emitter.response, delta.usage)
-                    status = (
-                        ItemStatus.ITEM_STATUS_INCOMPLETE
-                        if delta.finish is FinishReason.LENGTH
-                        else ItemStatus.ITEM_STATUS_COMPLETED
-                    )
+                    status = ITEM_INCOMPLETE if delta.finish is FinishReason.LENGTH else ITEM_COMPLETED
                     for event in emitter.close_turn(status):
                         yield event
                     yield delta.finish
@@ -525,7 +533,7 @@ class Engine:
                 # Asked before the steering message came: the model must see it.
                 early, run.early = run.early, None
                 await early.discard()
-            for event in self._inject(run, pb.InputKind.INPUT_KIND_STEER, run.take_steer()):
+            for event in self._inject(run, STEER, run.take_steer()):
                 yield event
 
     def _inject(self, run: Run, kind: int, items: list[pb.Item]) -> list[pb.StreamEvent]:
@@ -711,18 +719,18 @@ class Engine:
         response = run.response
         match run.outcome:
             case Completed():
-                new_status = S.RESPONSE_STATUS_COMPLETED
+                new_status = COMPLETED
             case RequiresAction():
-                new_status = S.RESPONSE_STATUS_REQUIRES_ACTION
+                new_status = REQUIRES_ACTION
             case Incomplete(reason=reason):
-                new_status = S.RESPONSE_STATUS_INCOMPLETE
+                new_status = INCOMPLETE
                 response.incomplete_details.reason = reason
             case Failed(code=code, message=message):
-                new_status = S.RESPONSE_STATUS_FAILED
+                new_status = FAILED
                 response.error.code = code
                 response.error.message = message
             case Cancelled():
-                new_status = S.RESPONSE_STATUS_CANCELLED
+                new_status = CANCELLED
         response.status = state.transition(response.status, new_status)  # type: ignore[assignment]
         response.completed_at.FromNanoseconds(time.time_ns())
 

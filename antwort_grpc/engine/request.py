@@ -7,6 +7,11 @@ import time
 from antwort_grpc import pb
 from antwort_grpc.ids import new_id, response_id
 
+# Plain ints: enum attribute lookups are Python-level calls, and these are read on every request.
+_COMPLETED: int = pb.ItemStatus.ITEM_STATUS_COMPLETED
+_USER: int = pb.Role.ROLE_USER
+_IN_PROGRESS: int = pb.ResponseStatus.RESPONSE_STATUS_IN_PROGRESS
+
 _PREFIX = {
     "message": "msg",
     "function_call": "fc",
@@ -22,8 +27,8 @@ def input_items(request: pb.CreateResponseRequest) -> list[pb.Item]:
         part = pb.ContentPart(input_text=pb.InputText(text=request.input_text))
         item = pb.Item(
             id=new_id("msg"),
-            status=pb.ItemStatus.ITEM_STATUS_COMPLETED,
-            message=pb.Message(role=pb.Role.ROLE_USER, content=[part]),
+            status=_COMPLETED,  # type: ignore[arg-type]
+            message=pb.Message(role=_USER, content=[part]),  # type: ignore[arg-type]
         )
         return [item]
     items = []
@@ -33,7 +38,7 @@ def input_items(request: pb.CreateResponseRequest) -> list[pb.Item]:
         if not item.id:
             item.id = new_id(_PREFIX.get(item.WhichOneof("kind") or "message", "item"))
         if not item.status:
-            item.status = pb.ItemStatus.ITEM_STATUS_COMPLETED
+            item.status = _COMPLETED  # type: ignore[assignment]
         items.append(item)
     return items
 
@@ -43,7 +48,7 @@ def new_response(request: pb.CreateResponseRequest, model: str) -> pb.Response:
     response = pb.Response(
         id=response_id(),
         model=model,
-        status=pb.ResponseStatus.RESPONSE_STATUS_IN_PROGRESS,
+        status=_IN_PROGRESS,  # type: ignore[arg-type]
         previous_response_id=request.previous_response_id,
         instructions=request.instructions,
         tools=request.tools,
