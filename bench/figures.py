@@ -36,7 +36,7 @@ class Scale:
     tool_repeats: int  # figure 3
     streams: int  # figure 4: conversations held open at once
     stream_repeats: int
-    tokens: int  # figure 4: tokens per model turn, `token_delay` seconds apart (50/s: a fast model)
+    tokens: int  # figure 4: tokens per model turn, `token_delay` seconds apart (10/s: 10,000 tokens/s over 1,000 streams)
     token_delay: float
     growth_turns: int  # figure 5: turns per block (responses = growth_turns / turns)
     chain: int  # figure 5: previous_response_id chain length
@@ -53,8 +53,8 @@ FULL = Scale(
     tool_repeats=10,
     streams=1000,
     stream_repeats=3,
-    tokens=100,
-    token_delay=0.02,
+    tokens=40,
+    token_delay=0.1,
     growth_turns=200,
     chain=50,
 )
@@ -305,7 +305,7 @@ async def concurrency(scale: Scale, results: Results, backend: Child) -> None:
     """Many streamed conversations held open at once, the backend producing tokens at a realistic
     pace: errors, memory per stream, token lag, and the gateway's CPU per token delivered. The
     backend and the client are the Go load generator (bench/loadgen/): a Python backend cannot
-    write 50,000 chunks a second on these two cores, and a Python client would spend more CPU
+    write 10,000 chunks a second beside a gateway on these two cores, and a Python client would spend more CPU
     per event than the gateway it measures."""
     async with loadgen.backend() as go_backend:
         for _ in range(scale.stream_repeats):

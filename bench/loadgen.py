@@ -2,7 +2,7 @@
 run as a child process per block of load. Its own CPU per event is a small fraction of the
 gateway's, so the figures that use it (concurrency 32, 1,000 streams) measure the gateway rather
 than a Python client sharing its two cores. It also serves as a fake backend (`backend()`) where
-a Python one could not keep a thousand streams at 50 tokens/s."""
+a Python one could not keep a thousand streams at 10 tokens/s."""
 
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ ROWS = [
     Row(
         "4 concurrency",
         "gateway_cpu_us_per_token_1000_streams",
-        "gateway CPU ÷ tokens delivered, 1,000 streams at 50 tokens/s each (µs)",
+        "gateway CPU ÷ tokens delivered, 1,000 streams at 10 tokens/s each (µs)",
         "<=",
         30,
     ),

@@ -1,8 +1,8 @@
 package main
 
 // `loadgen -mode backend`: the fake OpenAI-compatible backend of bench/backend.py, in Go, for the
-// figures where a Python backend would be the bottleneck (a thousand streams at 50 tokens/s each
-// is 50,000 SSE chunks a second). It answers from the model name the same way:
+// figures where a Python backend would be the bottleneck (a thousand streams at 10 tokens/s each
+// is 10,000 SSE chunks a second). It answers from the model name the same way:
 // `bench?words=20&delay=0.02&tools=1&stamp=1` streams `words` text chunks `delay` seconds apart
 // (each "<CLOCK_MONOTONIC ns> " when stamped), then, while the conversation holds fewer than
 // `tools` tool results, a call of the function noop. Chunks look like vLLM's and OpenAI's.
