@@ -1,9 +1,142 @@
-"""Parsers of the client commands."""
+"""`antwort-grpc ask "…"` (one response) and `antwort-grpc chat` (a conversation), rendered as they
+happen. Both run on the bidirectional `Converse` RPC, so approvals and steering work in both."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
 from typing import Any
+
+from google.protobuf.json_format import ParseDict, ParseError
+
+from antwort_grpc import pb
+from antwort_grpc.client.connection import add_connection_flags, connection_from
+from antwort_grpc.client.session import Options, Session, chat, continuation_hint, exit_code, user_message
+from antwort_grpc.startup import StartupError
+
+
+def _request_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="", help="the model to ask for (default: the gateway's)")
+    p.add_argument("--instructions", default="", help="system instructions")
+    p.add_argument(
+        "--tools",
+        help="tools as the JSON of a list of antwort.v1.Tool (as grpcurl takes them), or @FILE holding it",
+    )
+    p.add_argument("--tool-choice", help="auto | required | none | the name of a function to force")
+    p.add_argument(
+        "--approve-all", dest="approvals", action="store_const", const="all", help="approve every call that asks"
+    )
+    p.add_argument("--deny-all", dest="approvals", action="store_const", const="none", help="deny every call that asks")
+    p.add_argument("--json", action="store_true", help="print the raw events, one JSON object per line")
+    p.add_argument("--timeout", type=float, help="deadline of the whole session in seconds")
+    p.add_argument("--previous", default="", help="continue after this response id (previous_response_id)")
+    add_connection_flags(p)
 
 
 def add_client_parsers(sub: Any) -> None:
-    pass
+    ask = sub.add_parser("ask", help="ask once and watch the run (text, reasoning, tools, approvals, usage)")
+    ask.add_argument("question", nargs="?", default="", help="the user message (optional with --output/--approve)")
+    ask.add_argument(
+        "--output", action="append", default=[], metavar="CALL_ID=RESULT", help="a function call's result, repeatable"
+    )
+    ask.add_argument("--approve", action="append", default=[], metavar="CALL_ID", help="approve a waiting call")
+    ask.add_argument("--deny", action="append", default=[], metavar="CALL_ID", help="deny a waiting call")
+    _request_flags(ask)
+    ask.set_defaults(run=_ask, approvals="ask")
+    talk = sub.add_parser(
+        "chat",
+        help="a conversation: type messages; while a run goes on, a line steers it "
+        "(/cancel, /pause, /resume, /follow TEXT), approvals are y/n",
+    )
+    _request_flags(talk)
+    talk.set_defaults(run=_chat, approvals="ask")
+
+
+def _tools(value: str | None) -> list[pb.Tool]:
+    if not value:
+        return []
+    try:
+        text = Path(value[1:]).read_text() if value.startswith("@") else value
+        data = json.loads(text)
+        if not isinstance(data, list):
+            data = [data]
+        return [ParseDict(tool, pb.Tool()) for tool in data]
+    except (OSError, ValueError, ParseError) as error:
+        raise StartupError(f"--tools: {error}") from error
+
+
+def _tool_choice(value: str | None) -> pb.ToolChoice | None:
+    if not value:
+        return None
+    modes = {
+        "auto": pb.ToolChoiceMode.TOOL_CHOICE_MODE_AUTO,
+        "required": pb.ToolChoiceMode.TOOL_CHOICE_MODE_REQUIRED,
+        "none": pb.ToolChoiceMode.TOOL_CHOICE_MODE_NONE,
+    }
+    if value in modes:
+        return pb.ToolChoice(mode=modes[value])
+    return pb.ToolChoice(function=pb.NamedToolChoice(name=value))
+
+
+def _options(args: argparse.Namespace, metadata: tuple[tuple[str, str], ...]) -> Options:
+    return Options(
+        model=args.model,
+        instructions=args.instructions,
+        tools=_tools(args.tools),
+        tool_choice=_tool_choice(args.tool_choice),
+        approvals=args.approvals,
+        json=args.json,
+        timeout=args.timeout,
+        metadata=metadata,
+    )
+
+
+def _ask_items(args: argparse.Namespace) -> list[pb.Item]:
+    items: list[pb.Item] = []
+    for output in args.output:
+        call_id, sep, result = output.partition("=")
+        if not sep or not call_id:
+            raise StartupError(f"--output {output!r}: expected CALL_ID=RESULT")
+        items.append(pb.Item(function_call_output=pb.FunctionCallOutput(call_id=call_id, output=result)))
+    for call_id, approve in [(c, True) for c in args.approve] + [(c, False) for c in args.deny]:
+        items.append(pb.Item(approval_response=pb.ApprovalResponse(call_id=call_id, approve=approve)))
+    if args.question:
+        items.append(user_message(args.question))
+    if not items:
+        raise StartupError("nothing to ask: give a question (or --output / --approve to continue a response)")
+    return items
+
+
+async def _ask_async(args: argparse.Namespace) -> int:
+    connection = connection_from(args)
+    items = _ask_items(args)
+    async with connection.channel() as channel:
+        stub = pb.ResponsesServiceStub(channel)
+        async with Session(stub, _options(args, connection.metadata), connection.target) as session:
+            response = await session.run(session.request(items, args.previous))
+            if not args.json and (hint := continuation_hint(session.last_event)) is not None:
+                session.prompts.print(hint, style="dim", highlight=False, soft_wrap=True)
+    return exit_code(response)
+
+
+async def _chat_async(args: argparse.Namespace) -> int:
+    connection = connection_from(args)
+    async with connection.channel() as channel:
+        stub = pb.ResponsesServiceStub(channel)
+        async with Session(stub, _options(args, connection.metadata), connection.target) as session:
+            return await chat(session, args.previous)
+
+
+def _ask(args: argparse.Namespace) -> int:
+    return asyncio.run(_ask_async(args))
+
+
+def _chat(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_chat_async(args))
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130

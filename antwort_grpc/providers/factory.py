@@ -28,6 +28,8 @@ async def build_provider(settings: GatewaySettings) -> Provider:
     if settings.script is not None:
         from antwort_grpc.providers.scripted import ScriptedProvider, ScriptError
 
+        # Responses name what answered them: the script, unless --model names it otherwise.
+        settings.model = settings.model or "scripted"
         try:
             return ScriptedProvider.from_file(settings.script)
         except ScriptError as error:

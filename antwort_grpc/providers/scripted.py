@@ -10,6 +10,11 @@ File format (JSON):
      "repeat": false, "chunk_delay": 0.0}
 A turn may also be an object {"outputs": [...], "finish": "length", "error": {"code": "...",
 "message": "..."}, "usage": {"input_tokens": 1, "output_tokens": 2}}.
+
+Or a model that reacts instead of playing turns in order (walkthroughs, where people send
+requests in any order): {"tool_caller": {"arguments": {"city": "Paris"}}, "chunk_delay": 0.02}
+calls the request's first tool with those arguments when the last input is a user message, answers
+with the results when the last input is tool output, and says it has no tools otherwise.
 """
 
 from __future__ import annotations
@@ -106,6 +111,10 @@ class ScriptedProvider:
             raise ScriptError(f"cannot read {path}: {error.strerror}") from error
         except ValueError as error:
             raise ScriptError(f"{path} is not JSON: {error}") from error
+        if isinstance(data, dict) and isinstance(data.get("tool_caller"), dict):
+            arguments = json.dumps(data["tool_caller"].get("arguments", {}))
+            caller = ToolCaller(arguments)
+            return cls([caller], repeat=True, chunk_delay=float(data.get("chunk_delay", 0.0)))
         if not isinstance(data, dict) or not isinstance(data.get("turns"), list):
             hint = ""
             if isinstance(data, dict) and "replies" in data:
@@ -172,6 +181,29 @@ class ScriptedProvider:
                 call = pb.FunctionCall(call_id=out.call_id or new_id("call"), name=out.name, arguments=out.arguments)
                 items.append(pb.Item(function_call=call))
         return Completion(items, _finish(script), _usage(script))
+
+
+@dataclass(frozen=True)
+class ToolCaller:
+    """A turn chosen from the request, as a model that calls tools would: the first tool for a
+    user message, an answer from the results after tool output."""
+
+    arguments: str = "{}"
+
+    def __call__(self, request: TurnRequest) -> Turn:
+        last = request.items[-1] if request.items else pb.Item()
+        kind = last.WhichOneof("kind")
+        if kind == "function_call_output":
+            results = [
+                item.function_call_output.output
+                for item in reversed(request.items)
+                if item.WhichOneof("kind") == "function_call_output"
+            ]
+            return Turn([Text(f"The tool answered: {results[0]}")])
+        if request.tools:
+            tool = request.tools[0]
+            return Turn([Reasoning(f"I should call {tool.name}."), Call(tool.name, self.arguments)])
+        return Turn([Text("Hello! I am a scripted stand-in for a model; offer me a tool and I will call it.")])
 
 
 def _deltas(outputs: Sequence[Output]) -> list[ProviderEvent]:
