@@ -3,13 +3,17 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: run test lint protos demo bench venv clean
+.PHONY: run run-tools test lint protos demo bench venv clean
 
 venv:
 	@scripts/bootstrap.sh
 
 run: venv
 	$(BIN)/antwort-grpc serve
+
+# The gateway on a scripted stand-in model that calls the tools it is offered (README, "Tools").
+run-tools: venv
+	$(BIN)/antwort-grpc serve --script examples/tool_caller.json
 
 test: venv
 	@scripts/system-deps.sh

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -33,6 +34,9 @@ _SERVER_PACKAGE = "xllamacpp"
 _READY = "listening "
 # The context window of the one slot; the model was trained on 8k but short chats need far less.
 _CONTEXT = 4096
+# Output tokens of a turn whose request sets no limit. The 135M model often rambles until its
+# context is full (a minute and more on two cores); a request's own max_output_tokens wins.
+DEFAULT_MAX_OUTPUT_TOKENS = 256
 
 
 def model_file() -> Path | None:
@@ -93,6 +97,12 @@ class LocalModelServer:
             await process.wait()
 
 
+def bounded(turn: TurnRequest) -> TurnRequest:
+    if turn.max_output_tokens is not None:
+        return turn
+    return dataclasses.replace(turn, max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS)
+
+
 def refuse_unservable(turn: TurnRequest, served: str) -> None:
     """What the one small model cannot do is refused, not quietly answered by it anyway: another
     model's name (the response would claim a model that never ran), and a tool choice that
@@ -143,6 +153,7 @@ class LocalModelProvider:
 
     async def stream(self, turn: TurnRequest) -> AsyncGenerator[ProviderEvent, None]:
         refuse_unservable(turn, self.model_name)
+        turn = bounded(turn)
         backend = await self._backend()
         async with contextlib.aclosing(backend.stream(turn)) as events:
             async for event in events:
@@ -150,7 +161,7 @@ class LocalModelProvider:
 
     async def complete(self, turn: TurnRequest) -> Completion:
         refuse_unservable(turn, self.model_name)
-        return await (await self._backend()).complete(turn)
+        return await (await self._backend()).complete(bounded(turn))
 
     async def check_health(self) -> ProviderHealth:
         if self._provider is None:

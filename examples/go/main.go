@@ -3,7 +3,8 @@
 //
 // It holds one conversation and prints a transcript line per step: a streamed answer, a function
 // tool round trip (requires_action, then the result sent back with previous_response_id), the
-// google.rpc.BadRequest details of an INVALID_ARGUMENT, and CancelResponse on a running answer.
+// google.rpc.BadRequest details of an INVALID_ARGUMENT, CancelResponse on a running answer, and a
+// bidirectional Converse session (converse.go): steer, approve, answer the call.
 //
 //	go-client 127.0.0.1:50051
 package main
@@ -202,7 +203,7 @@ func main() {
 	}
 	defer conn.Close()
 	client := antwortv1.NewResponsesServiceClient(conn)
-	steps := []func(antwortv1.ResponsesServiceClient) error{streamText, toolRoundTrip, badRequest, cancelRunning}
+	steps := []func(antwortv1.ResponsesServiceClient) error{streamText, toolRoundTrip, badRequest, cancelRunning, converse}
 	for _, step := range steps {
 		if err := step(client); err != nil {
 			fmt.Println("error:", err)

@@ -1,21 +1,42 @@
 """The Go example client (examples/go; grpc-go, code generated from protos/ with their go_package)
-against a real gateway: stream, tool round trip, BadRequest details, cancel."""
+against a real gateway: stream, tool round trip, BadRequest details, cancel, and a Converse
+session that steers a streaming answer, approves a call and answers it."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-from tests.interop.clients import assert_transcript, gateway_for_clients, run_client
+from antwort_grpc.testing.fake_openai import Reply
+from tests.interop.clients import WEATHER_CALL, assert_transcript, gateway_for_clients, line, run_client
 
 RUN = Path(__file__).resolve().parents[2] / "examples/go/run.sh"
 TOOLS = ("go", "protoc", "protoc-gen-go", "protoc-gen-go-grpc")
 
 
-async def test_go_client_streams_calls_a_tool_reads_bad_request_details_and_cancels(tmp_path: Path) -> None:
+CONVERSE = [
+    Reply(text="Once upon a time " + "there was a story " * 300, delay=0.02),  # steered mid-stream
+    Reply(tool_calls=[WEATHER_CALL]),  # needs an approval, then is the client's to run
+    Reply(text="Short: 21 °C in Paris."),
+]
+
+
+async def test_go_client_streams_calls_a_tool_reads_bad_request_details_cancels_and_converses(tmp_path: Path) -> None:
     missing = [t for t in TOOLS if shutil.which(t) is None]
     assert not missing, f"{missing} missing: scripts/system-deps.sh installs them (Debian's Go toolchain)"
-    async with gateway_for_clients() as (gw, fake):
+    async with gateway_for_clients(*CONVERSE) as (gw, fake):
         lines = await run_client([str(RUN), gw.target], env={"BUILD": str(tmp_path / "build")}, timeout=600)
     assert_transcript(lines, fake)
+    assert line(lines, "converse_steered:") == "Make it short, and check the weather."
+    assert line(lines, "converse_approval:") == 'call_weather get_weather {"city": "Paris"}'
+    assert line(lines, "converse_requires_action:") == "call_weather"
+    assert line(lines, "converse_completed:") == "Short: 21 °C in Paris."
+    kinds = line(lines, "converse:").split()
+    for interactive in ("turn_started", "input_injected", "approval_requested", "turn_completed"):
+        assert interactive in kinds, kinds
+    # The steer reached the model right after the cut-off text; the approved call's result after its call.
+    steered = fake.chat_requests[5]["messages"]
+    assert steered[-1] == {"role": "user", "content": "Make it short, and check the weather."}
+    answered = fake.chat_requests[6]["messages"]
+    assert answered[-1] == {"role": "tool", "tool_call_id": "call_weather", "content": '{"temp": 21}'}
     assert lines[-1] == "get_missing: NOT_FOUND"

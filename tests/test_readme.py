@@ -1,0 +1,204 @@
+"""Every shell block of README.md runs as written (extracted from README itself, so it cannot drift).
+
+Each ```sh block is preceded by a marker saying how it is tested:
+
+    <!-- readme-test: gateway [SERVE ARGS] -->   run with `antwort-grpc serve [SERVE ARGS]` running
+    <!-- readme-test: run until "A", "B" -->      run; it serves until every string was printed
+    <!-- readme-test: proved by tests/interop … -->  the scripts it names are run by those tests
+
+Addresses are moved to free ports (the same README address always maps to the same port), and
+ANTWORT_TARGET / ANTWORT_LISTEN point the CLI and a gateway a block starts at that address, and
+ANTWORT_DATA_DIR keeps their files in a temporary directory: nothing else is changed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ANTWORT = str(Path(sys.executable).parent / "antwort-grpc")
+_BLOCK = re.compile(r"(?:<!-- readme-test: (?P<marker>.*?) -->\n)?```sh\n(?P<body>.*?)```", re.S)
+_ADDRESS = re.compile(r"127\.0\.0\.1:(5\d{4})")
+GATEWAY = "127.0.0.1:50051"
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int
+    marker: str
+    body: str
+
+    @property
+    def id(self) -> str:
+        return f"README.md:{self.line}"
+
+
+def readme_blocks() -> list[Block]:
+    text = (ROOT / "README.md").read_text()
+    return [
+        Block(text[: m.start("body")].count("\n") + 1, (m["marker"] or "").strip(), m["body"])
+        for m in _BLOCK.finditer(text)
+    ]
+
+
+def blocks_marked(prefix: str) -> list[Block]:
+    return [b for b in readme_blocks() if b.marker.startswith(prefix)]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+class Ports:
+    """README address -> a free loopback address, the same one every time it is asked."""
+
+    def __init__(self) -> None:
+        self.map: dict[str, str] = {}
+
+    def __call__(self, address: str) -> str:
+        if address not in self.map:
+            self.map[address] = f"127.0.0.1:{free_port()}"
+        return self.map[address]
+
+    def rewrite(self, text: str) -> str:
+        return _ADDRESS.sub(lambda m: self(m[0]), text)
+
+
+def environment(ports: Ports) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTWORT_")}
+    # A gateway a block starts without --listen takes ANTWORT_LISTEN: the same moved address.
+    return {**env, "ANTWORT_TARGET": ports(GATEWAY), "ANTWORT_LISTEN": ports(GATEWAY), "NO_COLOR": "1"}
+
+
+def stop(process: subprocess.Popen[str]) -> None:
+    """The block's whole process group: the background jobs it started included."""
+    with_group = process.pid
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(with_group, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def read_until(process: subprocess.Popen[str], wanted: list[str], timeout: float) -> str:
+    """The process's output until every wanted string appeared; fails at the timeout or its exit."""
+    assert process.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while not all(text in seen for text in wanted):
+        ready, _, _ = select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        line = process.stdout.readline() if ready else ""
+        assert line, f"missing {[t for t in wanted if t not in seen]} after:\n{seen}"
+        seen += line
+    return seen
+
+
+@pytest.fixture
+def ports() -> Ports:
+    return Ports()
+
+
+def start_gateway(args: list[str], ports: Ports, data_dir: Path) -> Iterator[None]:
+    command = [ANTWORT, "serve", "--listen", ports(GATEWAY), "--data-dir", str(data_dir), *args]
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=environment(ports), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        read_until(process, ["serving on"], 180)
+        yield
+    finally:
+        stop(process)
+
+
+def run_block(block: Block, ports: Ports, tmp_path: Path) -> str:
+    result = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", ports.rewrite(block.body)],
+        cwd=ROOT, env={**environment(ports), "TMPDIR": str(tmp_path)}, capture_output=True, text=True,
+        timeout=840, start_new_session=True,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{block.id} failed ({result.returncode}):\n{output}"
+    assert "Traceback" not in output, output
+    return output
+
+
+def test_every_shell_block_says_how_it_is_tested() -> None:
+    blocks = readme_blocks()
+    assert len(blocks) >= 5
+    for block in blocks:
+        assert block.marker.startswith(("gateway", "run until ", "proved by ")), f"{block.id} has no readme-test marker"
+
+
+def test_the_tool_walkthrough_gateway_is_what_make_run_tools_starts() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    for block in blocks_marked("gateway "):
+        assert f"antwort-grpc serve {block.marker.removeprefix('gateway ')}" in makefile
+
+
+# The embedded model answers every command of a block for real: minutes on a busy 2-core machine.
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("block", blocks_marked("gateway"), ids=lambda b: b.id)
+def test_readme_block_runs_against_a_fresh_gateway(block: Block, ports: Ports, tmp_path: Path) -> None:
+    args = block.marker.removeprefix("gateway").split()
+    gateway = start_gateway(args, ports, tmp_path / "data")
+    next(gateway)
+    try:
+        output = run_block(block, ports, tmp_path)
+    finally:
+        gateway.close()
+    if "--script examples/tool_caller.json" in block.marker:
+        # The walkthrough reaches requires_action, continues with the result, and asks for approval.
+        assert "waiting for your result of call_" in output
+        assert "RESPONSE_STATUS_REQUIRES_ACTION" in output
+        assert 'The tool answered: {\\"temp\\": 21}' in output
+        assert 'approve get_weather {"city": "Paris"}? [y/n]' in output
+    if "antwort-grpc ask" in block.body and not args:
+        # The small model may also stop at the embedded default limit of output tokens.
+        assert re.search(r"(completed|incomplete) · resp_\w+ · smollm2-135m-instruct · ", output), output
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("block", blocks_marked("run until "), ids=lambda b: b.id)
+def test_readme_block_starts_its_services(block: Block, ports: Ports, tmp_path: Path) -> None:
+    wanted = re.findall(r'"([^"]+)"', block.marker)
+    process = subprocess.Popen(
+        ["bash", "-e", "-c", ports.rewrite(block.body)],
+        cwd=ROOT, env={**environment(ports), "ANTWORT_DATA_DIR": str(tmp_path)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        seen = read_until(process, wanted, 180)
+    finally:
+        stop(process)
+    assert "Traceback" not in seen, seen
+
+
+@pytest.mark.parametrize("block", blocks_marked("proved by "), ids=lambda b: b.id)
+def test_readme_block_is_run_by_the_tests_it_names(block: Block) -> None:
+    tests = "".join(p.read_text() for p in (ROOT / "tests/interop").glob("test_*.py"))
+    scripts = re.findall(r"(examples/\S+\.(?:sh|js))", block.body)
+    assert scripts
+    for script in scripts:
+        name = script.rsplit("/", 1)[-1]
+        assert script in tests or f'"{name}"' in tests, f"{script} is not run by tests/interop"
