@@ -12,10 +12,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from antwort_grpc.config import GatewaySettings
 from antwort_grpc.executors.base import FunctionExecutor
 from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
+from antwort_grpc.providers.scripted import ScriptedProvider, Text
+from antwort_grpc.server.app import start_gateway
 from antwort_grpc.storage.memory import MemoryStore
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply, ScriptedToolCall
+from tests.auth_fixtures import api_keys
+from tests.certs import authority
 from tests.harness import GatewayClient, running_gateway
 
 ANTWORT = str(Path(sys.executable).parent / "antwort-grpc")
@@ -220,3 +225,28 @@ async def test_chat_slash_commands_cancel_the_running_answer() -> None:
         await chat.expect(r"you> $")
         code = await chat.finish()
     assert code == 0, chat.output
+
+
+async def test_ask_reaches_a_tls_gateway_with_a_token_and_with_a_client_certificate(tmp_path: Path) -> None:
+    ca = authority(tmp_path)
+    server, client = ca.issue("gateway", server=True), ca.issue("client", server=False)
+    credentials = api_keys(tmp_path)
+    settings = GatewaySettings(
+        listen="127.0.0.1:0", model="m", tls_cert=server.cert, tls_key=server.key, tls_client_ca=ca.pem.cert,
+        **credentials.settings,
+    )  # fmt: skip
+    provider = ScriptedProvider([[Text("over TLS")]], repeat=True)
+    gateway = await start_gateway(settings, provider=provider, store=MemoryStore(), executors=[FunctionExecutor()])
+    tls = ["-t", gateway.target, "--tls", "--cacert", str(ca.pem.cert), "--cert", str(client.cert)]
+    try:
+        code, out = await ask(*tls, "--key", str(client.key), "--token", credentials.tokens["alice"], "hi")
+        assert code == 0 and out.startswith("over TLS\ncompleted · "), out
+        header = ["-H", f"Authorization: Bearer {credentials.tokens['bob']}"]
+        code, out = await ask(*tls, "--key", str(client.key), *header, "hi")
+        assert code == 0 and out.startswith("over TLS\n"), out
+        code, out = await ask(*tls, "--key", str(client.key), "--token", "not-a-key", "hi")
+        assert code == 2 and out.startswith("antwort-grpc ask: UNAUTHENTICATED"), out
+        code, out = await ask("-t", gateway.target, "--token", credentials.tokens["alice"], "hi")  # plaintext
+        assert code == 2 and "cannot reach the gateway" in out, out
+    finally:
+        await gateway.stop(0)
