@@ -41,6 +41,8 @@ class GatewaySettings(BaseSettings):
     # "memory", "sqlite:///path/file.db" or "postgresql://…"; empty: SQLite under data_dir.
     store: str = ""
     history_max_depth: int = 100
+    # The most bytes of input and output followed through a previous_response_id chain.
+    history_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     # The memory store's bounds (oldest finished responses evicted past either).
     memory_max_responses: int = 10_000
     memory_max_bytes: int = 256 * 1024 * 1024

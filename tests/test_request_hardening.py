@@ -427,3 +427,15 @@ async def test_bytes_that_do_not_parse_on_the_other_rpcs_are_invalid_argument(ca
 
 async def _one(message: bytes) -> AsyncIterator[bytes]:
     yield message
+
+
+async def test_the_history_byte_cap_is_a_setting() -> None:
+    store = MemoryStore()
+    part = pb.ContentPart(input_text=pb.InputText(text="y" * 4096))
+    item = pb.Item(message=pb.Message(role=pb.Role.ROLE_USER, content=[part]))
+    await store.save(StoredResponse(pb.Response(id="resp_big", status=S.RESPONSE_STATUS_COMPLETED), [item], ""))
+    async with running_gateway(provider=ScriptedProvider([[Text("ok")]]), store=store, history_max_bytes=1024) as gw:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await gw.create(pb.CreateResponseRequest(input_text="more", previous_response_id="resp_big"))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "1024 bytes" in violations_of(info.value)["previous_response_id"]

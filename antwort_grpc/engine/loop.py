@@ -24,7 +24,7 @@ import grpc
 from antwort_grpc import pb
 from antwort_grpc.engine import continuation, policy, state
 from antwort_grpc.engine.governor import Governor
-from antwort_grpc.engine.history import History, load_history
+from antwort_grpc.engine.history import HISTORY_MAX_BYTES, History, load_history
 from antwort_grpc.engine.limits import ServerLimits
 from antwort_grpc.engine.outcomes import (
     Cancelled,
@@ -84,6 +84,8 @@ class EngineConfig:
     max_turns: int = 10
     default_model: str = ""
     history_max_depth: int = 100
+    # The most bytes of input and output a previous_response_id chain may hold.
+    history_max_bytes: int = HISTORY_MAX_BYTES
     # How long a call waits for an approve/deny decision before it is denied with reason "timeout".
     approval_timeout: float = 300.0
     # The server's maximums of execution limits and the context window (max_turns above wins).
@@ -186,7 +188,11 @@ class Engine:
         history = History()
         if request.previous_response_id:
             history = await load_history(
-                self.store, request.previous_response_id, owner=owner, max_depth=self.config.history_max_depth
+                self.store,
+                request.previous_response_id,
+                owner=owner,
+                max_depth=self.config.history_max_depth,
+                max_bytes=self.config.history_max_bytes,
             )
         items = input_items(request)
         tools = await resolve_tools(request.tools, self.config.executors)

@@ -170,6 +170,7 @@ async def start_gateway(
             max_turns=settings.max_turns,
             default_model=settings.model,
             history_max_depth=settings.history_max_depth,
+            history_max_bytes=settings.history_max_bytes,
             approval_timeout=settings.approval_timeout,
             limits=server_limits(settings),
             hooks=await start_hooks(settings),
