@@ -187,6 +187,9 @@ async def test_a_server_that_refuses_the_credentials_is_unavailable(tmp_path: Pa
             outcome = await execute(bridge, "remote", "echo", text="hi")
             assert outcome.is_error
             assert "MCP server 'remote' is unavailable" in outcome.output
+            # The model is told what failed, not where the server is.
+            address = server.url.split("//", 1)[1].split("/", 1)[0]
+            assert address not in outcome.output, outcome.output
 
 
 async def test_a_tool_the_server_added_later_is_listed_on_demand() -> None:
