@@ -152,7 +152,17 @@ class Session:
         try:
             return await self._run(request)
         except grpc.aio.AioRpcError as error:
-            raise StartupError(error_line(error, self.target)) from error
+            raise StartupError(error_line(await self._final(error), self.target)) from error
+
+    async def _final(self, error: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+        """The call's own status. A write that races the server's rejection of the stream (bad
+        credentials, say) can fail with a generic INTERNAL before that status arrives."""
+        call = self._call
+        code = await call.code()
+        if code in (error.code(), grpc.StatusCode.OK):
+            return error
+        metadata = await call.initial_metadata(), await call.trailing_metadata()
+        return grpc.aio.AioRpcError(code, metadata[0], metadata[1], await call.details())
 
     async def _run(self, request: pb.CreateResponseRequest) -> pb.Response:
         call = self._call
