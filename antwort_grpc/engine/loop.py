@@ -590,6 +590,8 @@ class Engine:
             for event in emitter.add_item(pb.Item(approval_request=request)):
                 yield event
         run.context += emitter.turn_items
+        # A decision may come the moment the event is out, before this generator resumes.
+        run.awaiting = {r.call_id: r for r in requests} if run.controller else {}
         yield emitter.approval_requested(requests)
         if not run.controller:
             # Nobody can decide now: the response pauses; the client continues it with
