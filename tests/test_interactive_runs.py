@@ -91,6 +91,12 @@ class Session:
     async def send(self, control: pb.Control) -> None:
         await self.call.write(pb.ConverseRequest(control=control))
 
+    async def accepted(self, gw: GatewayClient, control: pb.Control) -> None:
+        """The same control by response id: the unary call returns once the run has taken it, so
+        a test can release the model knowing the control is in."""
+        response_id = next(e.created.response.id for e in reversed(self.events) if kind(e) == "created")
+        await gw.stub.ControlResponse(pb.ControlResponseRequest(response_id=response_id, control=control))
+
     async def until(self, name: str) -> pb.StreamEvent:
         """Read up to and including the next event called `name`."""
         while True:
@@ -197,7 +203,7 @@ async def test_steer_during_tool_execution_lets_running_calls_finish_then_inject
         await session.start(request)
         await session.until("tool_execution_in_progress")
         await tool.started.wait()
-        await session.send(steer("also check the logs"))
+        await session.accepted(gw, steer("also check the logs"))
         tool.release.set()
         terminal = await session.until("terminal")
     events = session.response_events()
@@ -242,8 +248,9 @@ async def test_follow_up_queued_during_the_run_starts_a_new_round_after_the_answ
     async with running_gateway(provider=provider) as gw:
         session = Session(gw)
         await session.start(user("weather in Paris?"))
+        await session.until("created")
         await provider.holding.wait()
-        await session.send(follow_up("and Berlin?"))
+        await session.accepted(gw, follow_up("and Berlin?"))
         hold.set()
         terminal = await session.until("terminal")
     events = session.response_events()
@@ -263,8 +270,9 @@ async def test_follow_ups_count_against_the_turn_limit() -> None:
     async with running_gateway(provider=provider, max_turns=1) as gw:
         session = Session(gw)
         await session.start(user("q"))
+        await session.until("created")
         await provider.holding.wait()
-        await session.send(follow_up("more"))
+        await session.accepted(gw, follow_up("more"))
         hold.set()
         terminal = await session.until("terminal")
     assert terminal.incomplete.response.incomplete_details.reason == "max_turns"
@@ -413,8 +421,9 @@ async def test_pause_takes_effect_at_the_next_check_point_and_resume_continues()
         request = user("go")
         request.tools.append(function_tool("fast"))
         await session.start(request)
+        await session.until("created")
         await provider.holding.wait()
-        await session.send(pb.Control(pause=pb.PauseControl(reason="review")))
+        await session.accepted(gw, pb.Control(pause=pb.PauseControl(reason="review")))
         hold.set()
         paused = await session.until("paused")
         assert paused.paused.reason == "review"
@@ -450,15 +459,19 @@ async def test_cancel_while_paused_ends_the_response_cancelled() -> None:
 
 async def test_the_deadline_while_paused_fails_the_response() -> None:
     hold = asyncio.Event()
-    provider = ScriptedProvider([Turn([Text("late")], hold=hold)])
-    async with running_gateway(provider=provider) as gw:
-        session = Session(gw, timeout=4)
-        await session.start(user("hi"))
+    provider = ScriptedProvider([Turn([Call.of("fast", {}, call_id="c")], hold=hold), [Text("late")]])
+    async with running_gateway(provider=provider, executors=[FunctionExecutor(), GatedTool()]) as gw:
+        session = Session(gw, timeout=6)
+        request = user("hi")
+        request.tools.append(function_tool("fast"))
+        await session.start(request)
+        await session.until("created")
         await provider.holding.wait()
-        await session.send(pb.Control(pause=pb.PauseControl(reason="hold on")))
+        await session.accepted(gw, pb.Control(pause=pb.PauseControl(reason="hold on")))
         hold.set()
         await session.until("paused")
         terminal = await session.until("terminal")
+    assert_valid_stream(session.response_events())
     assert terminal.failed.response.error.code == "deadline_exceeded"
 
 
