@@ -8,12 +8,12 @@ import json
 import os
 import re
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from antwort_grpc.config import GatewaySettings
-from antwort_grpc.executors.base import FunctionExecutor
+from antwort_grpc.executors.base import FunctionExecutor, ToolExecutor
 from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
 from antwort_grpc.providers.scripted import ScriptedProvider, Text
 from antwort_grpc.server.app import start_gateway
@@ -21,6 +21,7 @@ from antwort_grpc.storage.memory import MemoryStore
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply, ScriptedToolCall
 from tests.auth_fixtures import api_keys
 from tests.certs import authority
+from tests.fakes import MockExecutor, echo
 from tests.harness import GatewayClient, running_gateway
 
 ANTWORT = str(Path(sys.executable).parent / "antwort-grpc")
@@ -32,12 +33,14 @@ PARIS = ScriptedToolCall(id="call_paris", name="get_weather", arguments='{"city"
 
 
 @asynccontextmanager
-async def gateway(*replies: Reply) -> AsyncIterator[tuple[GatewayClient, FakeOpenAI]]:
+async def gateway(
+    *replies: Reply, executors: Sequence[ToolExecutor] = ()
+) -> AsyncIterator[tuple[GatewayClient, FakeOpenAI]]:
     async with FakeOpenAI(*replies, strict=True) as fake:
         provider = OpenAICompatProvider(BackendConfig(base_url=fake.url, model="fake-model"))
         try:
             async with running_gateway(
-                provider=provider, executors=[FunctionExecutor()], store=MemoryStore(), model="fake-model"
+                provider=provider, executors=[FunctionExecutor(), *executors], store=MemoryStore(), model="fake-model"
             ) as gw:
                 yield gw, fake
         finally:
@@ -138,6 +141,22 @@ async def test_ask_stops_at_requires_action_and_continues_with_previous_and_outp
         "tool_call_id": "call_paris",
         "content": '{"temp": 21}',
     }
+
+
+async def test_ask_shows_a_server_side_tool_running_its_progress_and_its_result() -> None:
+    lookup = MockExecutor({"get_weather": echo}, progress_messages=["asking the weather service"])
+    replies = (Reply(tool_calls=[PARIS]), Reply(text="Sunny."))
+    async with gateway(*replies, executors=[lookup]) as (gw, _):
+        code, out = await ask("-t", gw.target, "--tools", json.dumps([WEATHER]), "Weather in Paris?")
+    assert code == 0, out
+    lines = out.splitlines()
+    start = lines.index('→ get_weather {"city": "Paris"}')
+    assert lines[start + 1 : start + 4] == [
+        "  running get_weather …",
+        "  · asking the weather service",
+        '  ← {"tool": "get_weather", "arguments": {"city": "Paris"}}',
+    ], lines
+    assert "Sunny." in lines and "── turn 2" in lines
 
 
 async def test_ask_asks_for_an_approval_and_a_no_is_fed_back_to_the_model() -> None:
