@@ -137,3 +137,14 @@ async def test_a_hold_longer_than_a_second_is_invalid_argument(gw: GatewayClient
         await gw.stream(request(max_hold=Duration(seconds=2)))
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "delta_coalescing.max_hold" in (raised.value.details() or "")
+
+
+async def test_the_first_delta_never_waits_for_the_rest_of_its_read(gw: GatewayClient, fake: FakeOpenAI) -> None:
+    fake.pace = None  # the backend writes everything at once: later chunks may share a read
+    fake.add(Reply(text=["first ", *["more "] * 200]))
+
+    events = await gw.stream(request())
+
+    assert_valid_stream(events)
+    assert deltas(events)[0] == "first "
+    assert "".join(deltas(events)) == "first " + "more " * 200

@@ -184,20 +184,31 @@ class OpenAICompatProvider:
         clean = False
         try:
             try:
+                # Nothing passed on yet: the turn's first event leaves as soon as it is parsed,
+                # not after the rest of its read (coalescing adds no latency to the first token).
+                first = True
                 while not clean:
                     block = await reader.readany()
-                    events: list[ProviderEvent] = []
-                    broken: ProviderError | None = None
-                    try:
-                        clean = self._feed(parser.feed(block) if block else parser.finish(), translator, events)
-                        if turn.max_hold and turn.coalesce and block and not clean and events and mergeable(events[-1]):
-                            clean = await self._hold(reader, parser, translator, events, turn.max_hold)
-                    except _Broken as error:
-                        broken = error.error
-                    for event in merge_deltas(events) if turn.coalesce else events:
-                        yield event
-                    if broken is not None:
-                        raise broken
+                    payloads = parser.feed(block) if block else parser.finish()
+                    while payloads and not clean:
+                        # One payload at a time until the first event has left (unless the request
+                        # asks for a hold), and always without coalescing; else the read at once.
+                        take = len(payloads) if turn.coalesce and (not first or turn.max_hold) else 1
+                        batch, payloads = payloads[:take], payloads[take:]
+                        events: list[ProviderEvent] = []
+                        broken: ProviderError | None = None
+                        try:
+                            clean = self._feed(batch, translator, events)
+                            if not payloads and not clean and block and _holds(turn, events):
+                                clean = await self._hold(reader, parser, translator, events, turn.max_hold)
+                        except _Broken as error:
+                            broken = error.error
+                        if events:
+                            first = False
+                        for event in merge_deltas(events) if turn.coalesce else events:
+                            yield event
+                        if broken is not None:
+                            raise broken
                     if not block:
                         break
             except aiohttp.ClientPayloadError as error:
@@ -258,6 +269,11 @@ class OpenAICompatProvider:
             if not mergeable(events[-1]) or sum(map(delta_size, events)) >= MAX_MERGED:
                 return False
         return False
+
+
+def _holds(turn: TurnRequest, events: list[ProviderEvent]) -> bool:
+    """Whether the request lets the last delta of a read wait for more of its part."""
+    return bool(turn.max_hold and turn.coalesce and events and mergeable(events[-1]))
 
 
 class _Broken(Exception):
