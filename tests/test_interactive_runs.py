@@ -176,6 +176,8 @@ async def test_steer_cuts_a_streaming_tool_call_and_gives_it_an_output_before_th
         request = user("deploy it")
         request.tools.append(function_tool("slow", target="string"))
         await session.start(request)
+        # The call is in the stream (its item added) and the backend holds the rest of it.
+        await session.until("output_item_added")
         await fake.wait_held()
         await session.send(steer("use eu-west-1"))
         injected = await session.until("input_injected")
