@@ -12,7 +12,7 @@ import asyncio
 import collections
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -102,11 +102,16 @@ class Session:
         self._call: Any = None
         self._pending = _Pending()
         self._eof = False
+        self._outbox: asyncio.Queue[pb.ConverseRequest | None] = asyncio.Queue()
         self.last: pb.Response | None = None
         self.last_event: pb.StreamEvent | None = None
 
     async def __aenter__(self) -> Session:
-        self._call = self.stub.Converse(metadata=tuple(self.options.metadata) or None, timeout=self.options.timeout)
+        # Messages go out through a queue read by a request iterator, so sending never waits on
+        # the stream and a control typed mid-run cannot interleave with a create.
+        self._call = self.stub.Converse(
+            self._requests(), metadata=tuple(self.options.metadata) or None, timeout=self.options.timeout
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -114,6 +119,10 @@ class Session:
             self._line.cancel()
         if self._call is not None:
             self._call.cancel()
+
+    async def _requests(self) -> AsyncIterator[pb.ConverseRequest]:
+        while (message := await self._outbox.get()) is not None:
+            yield message
 
     def listen(self) -> None:
         """Read typed lines (approvals, steering) from stdin while runs go on."""
@@ -155,20 +164,28 @@ class Session:
             raise StartupError(error_line(await self._final(error), self.target)) from error
 
     async def _final(self, error: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
-        """The call's own status. A write that races the server's rejection of the stream (bad
-        credentials, say) can fail with a generic INTERNAL before that status arrives."""
-        call = self._call
-        code = await call.code()
-        if code in (error.code(), grpc.StatusCode.OK):
+        """The server's verdict when the stream broke before its status arrived: grpcio reports a
+        local INTERNAL when the first message races the server's rejection of the call (bad
+        credentials, say). A unary call with the same metadata then gets the real status."""
+        if error.code() != grpc.StatusCode.INTERNAL or "from Core" not in (error.details() or ""):
             return error
-        metadata = await call.initial_metadata(), await call.trailing_metadata()
-        return grpc.aio.AioRpcError(code, metadata[0], metadata[1], await call.details())
+        probe = pb.GetResponseRequest(response_id="resp_status_probe")
+        try:
+            await self.stub.GetResponse(probe, metadata=tuple(self.options.metadata) or None, timeout=10)
+        except grpc.aio.AioRpcError as verdict:
+            if verdict.code() in (
+                grpc.StatusCode.UNAUTHENTICATED,
+                grpc.StatusCode.PERMISSION_DENIED,
+                grpc.StatusCode.UNAVAILABLE,
+            ):
+                return verdict
+        return error
 
     async def _run(self, request: pb.CreateResponseRequest) -> pb.Response:
         call = self._call
         if isinstance(self.renderer, HumanRenderer):
             self.renderer.restart_clock()
-        await call.write(pb.ConverseRequest(create=request))
+        self._outbox.put_nowait(pb.ConverseRequest(create=request))
         read: asyncio.Future[Any] | None = None
         while True:
             read = read or asyncio.ensure_future(call.read())
@@ -202,7 +219,7 @@ class Session:
                 return response
 
     async def _control(self, control: pb.Control) -> None:
-        await self._call.write(pb.ConverseRequest(control=control))
+        self._outbox.put_nowait(pb.ConverseRequest(control=control))
 
     async def _approvals(self, requests: Sequence[pb.ApprovalRequest]) -> None:
         policy = self.options.approvals
@@ -231,7 +248,7 @@ class Session:
             # End of input: let go of the stream's sending side; calls still waiting for a
             # decision then end the response REQUIRES_ACTION, to be continued later.
             if self._pending.approvals:
-                await self._call.done_writing()
+                self._outbox.put_nowait(None)
             return
         text = line.strip()
         if self._pending.approvals:
