@@ -3,7 +3,8 @@
 set -euo pipefail
 need=()
 [ -n "$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null)" ] || need+=(postgresql)
-# A real Go client of the contract (tests/interop): Debian's Go toolchain and grpc-go.
+# A real Go client of the contract (tests/interop) and the bench's Go load generator (bench/loadgen,
+# built by tests/test_bench_smoke.py): Debian's Go toolchain and grpc-go.
 command -v go >/dev/null || need+=(golang-go golang-google-grpc-dev golang-google-protobuf-dev)
 command -v protoc-gen-go-grpc >/dev/null || need+=(protobuf-compiler protoc-gen-go protoc-gen-go-grpc)
 # grpc-go needs protobuf 1.5's shim: with the default 1.3 package the client builds but panics.
