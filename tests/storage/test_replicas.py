@@ -92,6 +92,7 @@ async def test_cancel_on_replica_b_ends_a_stream_running_on_replica_a(replicas: 
 async def test_a_steer_sent_to_replica_b_reaches_a_stream_running_on_replica_a(replicas: Replicas) -> None:
     replicas.fake.add(Reply(text="deploying to the US region now", hold_at=3), Reply(text="Deploying to the EU."))
     stream = Stream(replicas.a, user("deploy"))
+    await stream.wait_for_deltas(1)
     await replicas.fake.wait_held(10)
     part = pb.ContentPart(input_text=pb.InputText(text="use the EU region"))
     steer = pb.Control(
