@@ -553,7 +553,8 @@ async def test_control_of_a_finished_response_is_a_failed_precondition() -> None
 )
 async def test_a_bad_control_is_refused_and_the_run_goes_on(control: pb.Control, code: grpc.StatusCode) -> None:
     hold = asyncio.Event()
-    provider = ScriptedProvider([Turn([Text("still fine")], hold=hold)])
+    # Both responses (the unary one and the session's) wait until the controls were refused.
+    provider = ScriptedProvider([Turn([Text("still fine")], hold=hold), Turn([Text("also fine")], hold=hold)])
     async with running_gateway(provider=provider) as gw:
         call = gw.stub.CreateResponse(pb.CreateResponseRequest(input_text="hi", stream=True))
         created = (await call.read()).event.created.response.id
