@@ -36,7 +36,9 @@ class Scale:
     tool_repeats: int  # figure 3
     streams: int  # figure 4: conversations held open at once
     stream_repeats: int
-    tokens: int  # figure 4: tokens per model turn, `token_delay` seconds apart (10/s: 10,000 tokens/s over 1,000 streams)
+    tokens: (
+        int  # figure 4: tokens per model turn, `token_delay` seconds apart (10/s: 10,000 tokens/s over 1,000 streams)
+    )
     token_delay: float
     growth_turns: int  # figure 5: turns per block (responses = growth_turns / turns)
     chain: int  # figure 5: previous_response_id chain length

@@ -8,38 +8,19 @@ import asyncio
 import contextlib
 import logging
 
-from antwort_grpc import pb
 from antwort_grpc.hooks import PolicyHook
 from antwort_grpc.hooks.server import serve_hook
+from antwort_grpc.hooks.service import POINTS
 from bench.procs import until_stopped
 
 
 class EveryPoint(PolicyHook):
+    """Subscribed to every point; PolicyHook's defaults answer each with an empty reply."""
+
     name = "bench-every-point"
 
-    async def before_response(self, request: pb.BeforeResponseRequest) -> pb.BeforeResponseResponse:
-        return pb.BeforeResponseResponse()
-
-    async def after_response(self, request: pb.AfterResponseRequest) -> pb.AfterResponseResponse:
-        return pb.AfterResponseResponse()
-
-    async def before_model(self, request: pb.BeforeModelRequest) -> pb.BeforeModelResponse:
-        return pb.BeforeModelResponse()
-
-    async def after_model(self, request: pb.AfterModelRequest) -> pb.AfterModelResponse:
-        return pb.AfterModelResponse()
-
-    async def before_tool(self, request: pb.BeforeToolRequest) -> pb.BeforeToolResponse:
-        return pb.BeforeToolResponse()
-
-    async def after_tool(self, request: pb.AfterToolRequest) -> pb.AfterToolResponse:
-        return pb.AfterToolResponse()
-
-    async def approve_tool(self, request: pb.ApproveToolRequest) -> pb.ApproveToolResponse:
-        return pb.ApproveToolResponse()
-
-    async def pause_check(self, request: pb.PauseCheckRequest) -> pb.PauseCheckResponse:
-        return pb.PauseCheckResponse()
+    def points(self) -> frozenset[int]:
+        return frozenset(POINTS)
 
 
 async def _serve() -> None:

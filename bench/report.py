@@ -84,7 +84,7 @@ ROWS = [
     Row("6 interactive", "steer_latency_ms_p50", "steer sent → first text of the steered turn, p50 (ms)"),
     Row("6 interactive", "steer_latency_ms_p99", "the same, p99 (ms)"),
     Row("6 interactive", "steer_backend_first_text_ms", "the backend's own time to first text, direct (ms)"),
-    Row("6 interactive", "steer_added_ms_p50", "steer latency p50 − the backend's time to first text (ms)", "<=", 5),
+    Row("6 interactive", "steer_added_ms_p50", "steer latency p50 minus the backend time to first text (ms)", "<=", 5),
     Row("7 observability", "observability_cpu_ratio", "gateway CPU per request, metrics + traces on ÷ off", "<=", 1.10),
     Row("7 observability", "metrics_cpu_ratio", "gateway CPU per request, metrics alone on ÷ off"),
     Row("7 observability", "observability_cpu_ms_per_request", "gateway CPU per streamed request, observed (ms)"),
