@@ -558,8 +558,7 @@ class Engine:
     def _supersede(self, run: Run, calls: Sequence[pb.FunctionCall]) -> list[pb.StreamEvent]:
         """Calls that will not run because a steering message came: each still gets its output
         before the injected message, so the history stays valid for Chat Completions backends."""
-        run.superseded += [c.call_id for c in calls]
-        return self._add_outputs(run, [policy.error_output(c, policy.SUPERSEDED) for c in calls])
+        return self._add_outputs(run, self._supersede_outputs(run, list(calls)))
 
     async def _gate(
         self, run: Run, screened: policy.Screened
