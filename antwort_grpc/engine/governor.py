@@ -27,8 +27,9 @@ from antwort_grpc.engine.limits import (
 )
 from antwort_grpc.engine.metrics import RunRecorder
 from antwort_grpc.engine.outcomes import Failed
+from antwort_grpc.engine.policy import needs_approval
 from antwort_grpc.executors.base import ProgressSink, ToolTimeoutSource
-from antwort_grpc.hooks.dispatch import Dispatcher, HookFailed, HookFailure, HookRun
+from antwort_grpc.hooks.dispatch import Dispatcher, HookFailed, HookFailure, HookRun, Paused, ToolDecision
 from antwort_grpc.hooks.service import Caller, Point
 from antwort_grpc.providers.base import Completion, Provider, ProviderError, ProviderEvent, TurnRequest
 
@@ -62,6 +63,8 @@ class Governor:
         self.omitted = 0
         # Calls cancelled by their timeout (their tool event says so).
         self.timed_out: set[str] = set()
+        # Before-tool decisions asked ahead, with the approvals.
+        self._decided: dict[str, ToolDecision] = {}
         # The first executed call that failed, when the failure mode is FAIL.
         self.failed_call: tuple[pb.FunctionCall, pb.FunctionCallOutput] | None = None
         self._clock: asyncio.TimerHandle | None = None
@@ -94,8 +97,12 @@ class Governor:
         )
 
     def hook_events(self, emitter: ResponseEmitter) -> list[pb.StreamEvent]:
-        """`hook_failed` events for the fail-open failures since the last call."""
-        if self.hook_run is None or not self.hook_run.failures:
+        """`hook_failed` events for the fail-open failures since the last call; HookFailed when a
+        fail-closed hook could not see an observation sent on its own."""
+        if self.hook_run is None:
+            return []
+        self.hook_run.raise_closed()
+        if not self.hook_run.failures:
             return []
         return [emitter.hook_failed(_event(f)) for f in self.hook_run.take_failures()]
 
@@ -104,20 +111,20 @@ class Governor:
         self.hook_run.context.turn = turn
         return self.hook_run
 
-    async def pause_check(self, turn: int, before_tools: bool) -> str | None:
-        assert self.hooks is not None
-        return await self.hooks.pause_check(self._turn(turn), before_tools)
-
     @property
     def pauses(self) -> bool:
         return self.wants(P.HOOK_POINT_PAUSE_CHECK)
 
-    @property
-    def audited(self) -> bool:
-        return self.wants(P.HOOK_POINT_AFTER_RESPONSE)
+    def flush(self) -> None:
+        """The run is about to wait (on the model, tools, a client): observations held for a
+        hook's next exchange go now."""
+        if self.hook_run is not None and self.hook_run.held:
+            assert self.hooks is not None
+            self.hooks.flush(self.hook_run)
 
     async def after_response(self, response: pb.Response) -> Failed | None:
-        """Audit hooks see the response as it ends; a fail-closed failure fails it instead."""
+        """Audit hooks see the response as it ends, and every observation is delivered; a
+        fail-closed failure fails the response instead."""
         assert self.hooks is not None and self.hook_run is not None
         try:
             await self.hooks.after_response(self.hook_run, response)
@@ -167,12 +174,16 @@ class Governor:
     def output_budget(self, per_call: int | None, response: pb.Response) -> int | None:
         return output_budget(self.limits, per_call, response.usage.output_tokens)
 
-    async def before_model(self, turn: int, request: TurnRequest) -> TurnRequest | Completion:
-        """The call to make (changed by hooks), or a hook's answer in the model's place."""
-        if not self.wants(P.HOOK_POINT_BEFORE_MODEL):
+    async def before_model(self, turn: int, request: TurnRequest, pause: bool) -> Paused | TurnRequest | Completion:
+        """At a turn boundary: a hook's pause (when `pause`: not asked yet at this boundary), the
+        call to make (changed by hooks), or a hook's answer in the model's place."""
+        pause = pause and self.pauses
+        if not (pause or self.wants(P.HOOK_POINT_BEFORE_MODEL)):
             return request
         assert self.hooks is not None
-        decision = await self.hooks.before_model(self._turn(turn), _model_call(request))
+        decision = await self.hooks.model_turn(self._turn(turn), _model_call(request), turn, pause)
+        if isinstance(decision, Paused):
+            return decision
         if decision.answer is not None:
             return Completion(decision.answer)
         return _apply(request, decision.call)
@@ -181,7 +192,7 @@ class Governor:
         self._model_started = time.perf_counter()
         self._usage_before = (usage.input_tokens, usage.output_tokens, usage.total_tokens)
 
-    async def model_ended(self, turn: int, output: Sequence[pb.Item], usage: pb.Usage, by_hook: bool) -> None:
+    def model_ended(self, turn: int, output: Sequence[pb.Item], usage: pb.Usage, by_hook: bool) -> None:
         """After each model call: its metrics, then the after-model hooks."""
         before = self._usage_before
         spent = (usage.input_tokens - before[0], usage.output_tokens - before[1], usage.total_tokens - before[2])
@@ -190,7 +201,7 @@ class Governor:
         if self.wants(P.HOOK_POINT_AFTER_MODEL):
             assert self.hooks is not None
             usage_spent = pb.Usage(input_tokens=spent[0], output_tokens=spent[1], total_tokens=spent[2])
-            await self.hooks.after_model(self._turn(turn), output, usage_spent)
+            self.hooks.after_model(self._turn(turn), output, usage_spent)
 
     def stream(self, provider: Provider, request: TurnRequest) -> AsyncIterator[ProviderEvent]:
         if not self.truncate:
@@ -239,19 +250,33 @@ class Governor:
 
     # -- tools ----------------------------------------------------------------------------------
 
-    async def approvals(
-        self, calls: list[pb.FunctionCall], routes: Mapping[str, Route]
-    ) -> tuple[list[pb.FunctionCall], list[pb.FunctionCallOutput], set[str]]:
-        """Approve-tool hooks on each call: the calls still in play, the outputs of those denied,
-        and the ids of those approved (they wait for no client decision)."""
+    async def before_tools(
+        self, calls: list[pb.FunctionCall], routes: Mapping[str, Route], pause: bool
+    ) -> Paused | tuple[list[pb.FunctionCall], list[pb.FunctionCallOutput], set[str]]:
+        """Before a turn's calls start: a hook's pause (when `pause`), else the approve-tool hooks
+        on each call: the calls still in play, the outputs of those denied, and the ids of those
+        approved (they wait for no client decision). The before-tool hooks of the calls that will
+        run at once are asked in the same exchange; `run_tool` uses their decisions."""
+        pause = pause and self.pauses
+        approving = self.wants(P.HOOK_POINT_APPROVE_TOOL)
+        if not (pause or approving or self.wants(P.HOOK_POINT_BEFORE_TOOL)):
+            return calls, [], set()
+        assert self.hooks is not None and self.hook_run is not None
+
+        def ahead(call: pb.FunctionCall) -> bool:
+            route = routes[call.name]
+            return route.executor is not None and not needs_approval(call.name, route.tool)
+
+        routed = [(call, routes[call.name].tool) for call in calls]
+        decided = await self.hooks.before_tools(self.hook_run, routed, pause, ahead)
+        if isinstance(decided, Paused):
+            return decided
+        self._decided.update(decided.decided)
         kept: list[pb.FunctionCall] = []
         denied: list[pb.FunctionCallOutput] = []
         approved: set[str] = set()
-        if not self.wants(P.HOOK_POINT_APPROVE_TOOL):
-            return calls, denied, approved
-        assert self.hooks is not None and self.hook_run is not None
         for call in calls:
-            approval = await self.hooks.approve_tool(self.hook_run, call, routes[call.name].tool)
+            approval = decided.approvals.get(call.call_id)
             if approval is not None and not approval.approved:
                 reason = f"denied by hook {approval.hook}" + (f": {approval.reason}" if approval.reason else "")
                 denied.append(pb.FunctionCallOutput(call_id=call.call_id, output=reason, is_error=True))
@@ -265,9 +290,11 @@ class Governor:
         """One server-side call: before-tool hooks, the executor within the call's timeout,
         after-tool hooks; every failure an is_error output."""
         result: pb.FunctionCallOutput | None = None
-        if self.wants(P.HOOK_POINT_BEFORE_TOOL):
+        decision = self._decided.pop(call.call_id, None)
+        if decision is None and self.wants(P.HOOK_POINT_BEFORE_TOOL):
             assert self.hooks is not None and self.hook_run is not None
             decision = await self.hooks.before_tool(self.hook_run, call, route.tool)
+        if decision is not None:
             call, result = decision.call, decision.result
         executed = result is None
         started = time.perf_counter()

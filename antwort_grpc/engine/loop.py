@@ -41,7 +41,7 @@ from antwort_grpc.engine.runs import RunRegistry
 from antwort_grpc.engine.tools import ToolSet, resolve_tools
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.executors.base import ToolExecutor, current_deadline
-from antwort_grpc.hooks.dispatch import Dispatcher, HookFailed, HookRun
+from antwort_grpc.hooks.dispatch import Dispatcher, HookFailed, HookRun, Paused
 from antwort_grpc.providers.base import (
     Completion,
     FinishReason,
@@ -262,7 +262,7 @@ class Engine:
             run.governor.stop_clock()
             self._finish(run)
             run.governor.write(run.response)
-            failed = await run.governor.after_response(run.response) if run.governor.audited else None
+            failed = await run.governor.after_response(run.response) if run.governor.hooks else None
             if failed is not None:
                 # A fail-closed audit hook that could not see the response: it fails instead.
                 run.response.status = S.RESPONSE_STATUS_IN_PROGRESS
@@ -316,11 +316,16 @@ class Engine:
             run.turn += 1
             turn = run.turn
             began = clock.time()
+            call, run.early = run.early, None
+            if call is None:
+                async for opened in self._model_call(run, turn):
+                    if isinstance(opened, ModelCall):
+                        call = opened
+                    else:
+                        yield opened
+            assert call is not None
             yield emitter.turn_started(turn, run.round)
             emitter.start_turn()
-            call, run.early = run.early or await self._model_call(run, turn), None
-            for event in run.governor.hook_events(emitter):
-                yield event
             finish: FinishReason | None = FinishReason.STOP
             if call.stream is not None:
                 async for step in self._stream_turn(run, call):
@@ -339,7 +344,7 @@ class Engine:
                             yield event
             produced = list(emitter.turn_items)
             run.context += produced
-            await run.governor.model_ended(turn, produced, run.response.usage, call.answered)
+            run.governor.model_ended(turn, produced, run.response.usage, call.answered)
             for event in run.governor.hook_events(emitter):
                 yield event
             calls = [i.function_call for i in produced if i.WhichOneof("kind") == "function_call"]
@@ -404,20 +409,33 @@ class Engine:
     def _call_model(self, run: Run, turn: int, request: TurnRequest | None = None) -> ModelCall:
         """The one place the model is called."""
         request = request or self._turn_request(run, turn)
+        run.governor.flush()
         run.governor.model_started(run.response.usage)
         if run.request.stream:
             return ModelCall(stream=run.governor.stream(self.provider, request))
         return ModelCall(completion=run.governor.complete(self.provider, request))
 
-    async def _model_call(self, run: Run, turn: int) -> ModelCall:
-        """Before-model hooks first: they may change the call, or answer in the model's place."""
-        decided = await run.governor.before_model(turn, self._turn_request(run, turn))
+    async def _model_call(self, run: Run, turn: int) -> AsyncIterator[pb.StreamEvent | ModelCall]:
+        """Hooks first, with the call (yielded last): a hook's pause check for this boundary
+        (the run waits here, then the call is rebuilt), then the before-model hooks, which may
+        change the call or answer in the model's place."""
+        pause = True
+        while True:
+            decided = await run.governor.before_model(turn, self._turn_request(run, turn), pause)
+            for event in run.governor.hook_events(run.emitter):
+                yield event
+            if not isinstance(decided, Paused):
+                break
+            run.pause_reason, pause = decided.reason, False
+            async for event in self._checkpoint(run):
+                yield event
         if isinstance(decided, Completion):
             run.governor.model_started(run.response.usage)
             call = ModelCall(completion=_given(decided))
             call.answered = True
-            return call
-        return self._call_model(run, turn, decided)
+            yield call
+            return
+        yield self._call_model(run, turn, decided)
 
     def _turn_request(self, run: Run, turn: int) -> TurnRequest:
         request = run.request
@@ -519,12 +537,9 @@ class Engine:
         (at a turn boundary)."""
         if run.reason:
             raise _Stopped
-        if run.pause_reason is None and run.governor.pauses:
-            run.pause_reason = await run.governor.pause_check(run.turn, before_tools=not inject)
-            for event in run.governor.hook_events(run.emitter):
-                yield event
         if run.pause_reason is not None:
             run.paused = True
+            run.governor.flush()
             yield run.emitter.paused(run.pause_reason)
             while run.pause_reason is not None:
                 run.waiting = PAUSE
@@ -565,17 +580,26 @@ class Engine:
     ) -> AsyncIterator[pb.StreamEvent | RequiresAction | ExecuteTools]:
         """Approvals before the calls start; then where the turn goes (yielded last)."""
         accepted, rejected = list(screened.accepted), list(screened.rejected)
-        if run.steer:
-            # A steering message came before the calls started: none of them runs.
-            yield ExecuteTools([], rejected + self._supersede_outputs(run, accepted))
-            return
         routes = run.tools.routes
         server_side = run.tools.server_side
-        # Approve-tool hooks decide first, on the same path as a client's decision.
-        accepted, denied, hook_approved = await run.governor.approvals(accepted, routes)
+        pause = True
+        while True:
+            if run.steer:
+                # A steering message came before the calls started: none of them runs.
+                yield ExecuteTools([], rejected + self._supersede_outputs(run, accepted))
+                return
+            # A hook's pause check, then approve-tool hooks decide first, on the same path as a
+            # client's decision.
+            gated = await run.governor.before_tools(accepted, routes, pause)
+            for event in run.governor.hook_events(run.emitter):
+                yield event
+            if not isinstance(gated, Paused):
+                break
+            run.pause_reason, pause = gated.reason, False
+            async for event in self._checkpoint(run, inject=False):
+                yield event
+        accepted, denied, hook_approved = gated
         rejected += denied
-        for event in run.governor.hook_events(run.emitter):
-            yield event
         waiting = [
             c for c in accepted if c.call_id not in hook_approved and policy.needs_approval(c.name, routes[c.name].tool)
         ]
@@ -630,6 +654,7 @@ class Engine:
         output item when it arrives), a steering message comes, the approval timeout passes
         (undecided ones are denied with reason "timeout"), or the controlling client goes away."""
         run.awaiting = {r.call_id: r for r in requests}
+        run.governor.flush()
         emitter = run.emitter
         timeout_at = asyncio.get_running_loop().time() + self.config.approval_timeout
         recorded: set[str] = set()
@@ -656,6 +681,7 @@ class Engine:
 
     async def _execute(self, run: Run, plan: ExecuteTools) -> AsyncIterator[pb.StreamEvent]:
         """Run a turn's server-side calls concurrently; outputs go back in the model's order."""
+        run.governor.flush()
         emitter = run.emitter
         items = {i.function_call.call_id: (i, n) for n, i in enumerate(run.response.output)}
         queue: asyncio.Queue[tuple[int, str | pb.FunctionCallOutput]] = asyncio.Queue()

@@ -1,7 +1,7 @@
 """Policy hooks around the agentic loop: in-process (`PolicyHook`) or remote (antwort.v1.HookService)."""
 
 from antwort_grpc.hooks.clients import HookClient, LocalHook, RemoteHook, build_hooks
-from antwort_grpc.hooks.dispatch import Dispatcher, HookFailed, HookFailure, HookRejected, HookRun
+from antwort_grpc.hooks.dispatch import Dispatcher, HookFailed, HookFailure, HookRejected, HookRun, Paused
 from antwort_grpc.hooks.service import Caller, PolicyHook, current_caller
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "HookRejected",
     "HookRun",
     "LocalHook",
+    "Paused",
     "PolicyHook",
     "RemoteHook",
     "build_hooks",

@@ -15,7 +15,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,7 +23,8 @@ import grpc
 from google.protobuf.message import Message
 
 from antwort_grpc import pb
-from antwort_grpc.hooks.service import POINTS, Caller, PolicyHook, current_caller
+from antwort_grpc.hooks.service import POINT_OF, POINTS, Caller, Exchange, PolicyHook, current_caller, evaluate
+from antwort_grpc.hooks.session import SessionClient, SessionUnimplemented
 from antwort_grpc.observability import tracing
 
 log = logging.getLogger(__name__)
@@ -51,8 +52,9 @@ class HookClient(Protocol):
         """Whether to call it at `point` (a hook whose points are unknown yet wants every point)."""
         ...
 
-    async def call(self, point: int, request: Message, caller: Caller) -> Message:
-        """One call; raises on failure. The dispatcher bounds it by `timeout`."""
+    async def exchange(self, calls: Sequence[Message], caller: Caller) -> Exchange:
+        """Calls asked together (see `evaluate`); raises when none could be asked. The
+        dispatcher bounds it by `timeout` per call."""
         ...
 
     async def start(self) -> None: ...
@@ -107,10 +109,10 @@ class LocalHook:
     def wants(self, point: int) -> bool:
         return point in self._points
 
-    async def call(self, point: int, request: Message, caller: Caller) -> Message:
+    async def exchange(self, calls: Sequence[Message], caller: Caller) -> Exchange:
         token = current_caller.set(caller)
         try:
-            return await self.hook.call(point, request)
+            return await evaluate(self.hook, calls)
         finally:
             current_caller.reset(token)
 
@@ -124,7 +126,8 @@ class LocalHook:
 class RemoteHook:
     """A gRPC client of one HookService. Its points come from GetHookInfo at start; a service that
     does not answer then is asked again in the background until it does, and meanwhile counts as
-    wanting every point, so its failure policy applies instead of it being skipped."""
+    wanting every point, so its failure policy applies instead of it being skipped. A service that
+    implements Session gets every exchange through it; others get one unary RPC per call."""
 
     def __init__(self, target: str, timeout: float, fail_open: bool, retry_interval: float = 1.0) -> None:
         self.target = target
@@ -136,6 +139,7 @@ class RemoteHook:
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
         self._watcher: asyncio.Task[None] | None = None
+        self._session: SessionClient | None = None
         self.known = asyncio.Event()
 
     def wants(self, point: int) -> bool:
@@ -153,6 +157,8 @@ class RemoteHook:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
+        if self._session is not None:
+            await self._session.close()
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
@@ -175,24 +181,48 @@ class RemoteHook:
                 log.warning("hook service %s is unavailable: %s: %s", self.target, err.code().name, err.details())
             return False
         self._points = frozenset(p for p in info.points if p in POINTS)
+        if info.session and self._session is None:
+            self._session = SessionClient(self._stub, self.target)
         if info.name:
             self.name = f"{info.name} ({self.target})"
         log.info("hook service %s wants %s", self.name, sorted(POINTS[p].method for p in self._points))
         self.known.set()
         return True
 
-    async def call(self, point: int, request: Message, caller: Caller) -> Message:
+    async def exchange(self, calls: Sequence[Message], caller: Caller) -> Exchange:
         if self._stub is None:
             raise RuntimeError(f"hook service {self.target} is not started")
         if self._points is None:
             raise RuntimeError(f"hook service {self.target} is unavailable (it has not answered GetHookInfo yet)")
-        rpc = getattr(self._stub, POINTS[point].rpc)
-        try:
-            metadata = _metadata(caller)
-            reply: Message = await rpc(request, timeout=self.timeout, metadata=metadata, wait_for_ready=False)
-        except grpc.aio.AioRpcError as err:
-            raise RuntimeError(f"{err.code().name}: {err.details()}") from None
-        return reply
+        metadata = _metadata(caller)
+        if self._session is not None:
+            try:
+                return await self._session.exchange(calls, _caller(metadata))
+            except SessionUnimplemented:
+                # It said it has Session, but has not: one RPC per call from now on.
+                log.warning("hook service %s does not implement Session after all", self.name)
+                self._session = None
+        answers: list[Message] = []
+        for request in calls:
+            rpc = getattr(self._stub, POINTS[POINT_OF[type(request)]].rpc)
+            try:
+                reply: Message = await rpc(request, timeout=self.timeout, metadata=metadata, wait_for_ready=False)
+            except grpc.aio.AioRpcError as err:
+                return Exchange(answers, f"{err.code().name}: {err.details()}")
+            answers.append(reply)
+            if reply.ByteSize():
+                break
+        return Exchange(answers)
+
+
+def _caller(metadata: tuple[tuple[str, str], ...]) -> pb.HookCaller:
+    """What the unary RPCs carry as metadata, for a Session exchange."""
+    found = dict(metadata)
+    return pb.HookCaller(
+        owner=found.get("antwort-owner", ""),
+        traceparent=found.get("traceparent", ""),
+        tracestate=found.get("tracestate", ""),
+    )
 
 
 def _metadata(caller: Caller) -> tuple[tuple[str, str], ...]:

@@ -5,73 +5,68 @@ is asked), and asks `wants(point)` before it builds a point's request.
 
 Hooks are called one after another in the configured order; each sees what the ones before it
 changed, and a decision that ends the point (reject, deny, an answer, a result, a pause) stops the
-chain. A hook that raises, answers garbage or misses its timeout gets its failure policy:
+chain. Points that follow each other with nothing in between — the pause check and the model call
+at a turn boundary; the pause check, approvals and before-tool calls before tools start — are a
+plan: when one hook is at all of its points, it gets them in one exchange (it evaluates them in
+order and stops at the first answer that is not empty; the rest is asked again, rebuilt with what
+that answer changed); with several hooks, each point is asked of each hook in turn. Observing
+points (after model) are held and go with the hook's next exchange, or on their own when the run
+is about to wait (`flush`).
+
+A hook that raises, answers garbage or misses its timeout gets its failure policy:
   - fail-open: as if it had no objection; the failure is kept in `HookRun.failures` for the engine
     to emit as a `hook_failed` event;
   - fail-closed: at a tool point the call is denied (an is_error output says why); anywhere else
-    `HookFailed` is raised and the response fails with code `hook_failed`.
+    `HookFailed` is raised and the response fails with code `hook_failed` (for a held observation:
+    at the run's next point, or as it ends).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
-from typing import TypeVar
 
 from google.protobuf.message import Message
 
 from antwort_grpc import pb
+from antwort_grpc.hooks import steps
 from antwort_grpc.hooks.clients import HookClient
-from antwort_grpc.hooks.service import Caller, Point, point_name
+from antwort_grpc.hooks.service import POINTS, Caller, Exchange, Point
+from antwort_grpc.hooks.steps import (
+    Approval,
+    Garbage,
+    HookFailed,
+    HookFailure,
+    HookRejected,
+    ModelDecision,
+    Step,
+    ToolDecision,
+)
 
 log = logging.getLogger(__name__)
 
 P = Point
-R = TypeVar("R", bound=Message)
-Decision = pb.ApproveToolResponse.Decision
-
-
-@dataclass(frozen=True, slots=True)
-class HookFailure:
-    hook: str
-    point: int
-    error: str
-    call_id: str = ""
-
-    def describe(self) -> str:
-        return f"hook {self.hook} failed at {point_name(self.point)}: {self.error}"
-
-
-class HookFailed(Exception):
-    """A fail-closed hook failed where no tool call can absorb it: the response fails."""
-
-    def __init__(self, failure: HookFailure) -> None:
-        super().__init__(failure.describe())
-        self.failure = failure
-
-
-class HookRejected(Exception):
-    """A before-response hook refused the request."""
-
-    def __init__(self, hook: str, reason: str) -> None:
-        super().__init__(f"rejected by hook {hook}: {reason}")
-        self.hook = hook
-        self.reason = reason
-
-
-class _Garbage(ValueError):
-    """A hook's answer that cannot be applied."""
+__all__ = [
+    "Approval",
+    "Dispatcher",
+    "HookFailed",
+    "HookFailure",
+    "HookRejected",
+    "HookRun",
+    "ModelDecision",
+    "Paused",
+    "ToolDecision",
+    "ToolsDecision",
+]
 
 
 @dataclass(slots=True)
 class HookRun:
-    """One response's side of the hooks: what every call carries, what the calls cost, and the
-    fail-open failures the engine has not emitted yet."""
+    """One response's side of the hooks: what every call carries, what the calls cost, the
+    fail-open failures the engine has not emitted yet, and the observations not sent yet."""
 
     caller: Caller
     context: pb.HookContext
@@ -79,31 +74,38 @@ class HookRun:
     calls: int = 0
     failed: int = 0
     seconds: float = 0.0
+    held: dict[int, list[Step]] = field(default_factory=dict)
+    sending: set[asyncio.Task[None]] = field(default_factory=set)
+    # A fail-closed failure of an observation sent on its own: the response fails at its next point.
+    closed: HookFailure | None = None
 
     def take_failures(self) -> list[HookFailure]:
         taken, self.failures = self.failures, []
         return taken
 
-
-@dataclass(frozen=True, slots=True)
-class ModelDecision:
-    # The call to make (changed by hooks), or, when `answer` is set, the call not made.
-    call: pb.ModelCall
-    answer: list[pb.Item] | None = None
+    def raise_closed(self) -> None:
+        if self.closed is not None:
+            raise HookFailed(self.closed)
 
 
 @dataclass(frozen=True, slots=True)
-class ToolDecision:
-    call: pb.FunctionCall
-    # Set: do not run the call, this is its output (a hook's result, a denial, a failure).
-    result: pb.FunctionCallOutput | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Approval:
-    approved: bool
+class Paused:
     reason: str
-    hook: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolsDecision:
+    """Before tools start: each call's approval by the hooks (absent: no opinion), and the
+    before-tool decisions already taken for calls that run without a client's decision."""
+
+    approvals: dict[str, Approval]
+    decided: dict[str, ToolDecision]
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    step: Step
+    request: Message
 
 
 class Dispatcher:
@@ -133,225 +135,217 @@ class Dispatcher:
     ) -> pb.CreateResponseRequest:
         """The request to run (changed by hooks); HookRejected or HookFailed to refuse it.
         `problems` validates a replaced request: a hook's invalid request is its failure."""
-        point = P.HOOK_POINT_BEFORE_RESPONSE
-        for hook in self._hooks(point):
-
-            def check(reply: pb.BeforeResponseResponse, current: pb.CreateResponseRequest = request) -> None:
-                if reply.WhichOneof("decision") == "request":
-                    replaced = pb.CreateResponseRequest()
-                    replaced.CopyFrom(reply.request)
-                    replaced.stream = current.stream
-                    found = problems(replaced)
-                    if found:
-                        raise _Garbage(f"the request it returned is invalid: {'; '.join(found)}")
-
-            ask = pb.BeforeResponseRequest(context=run.context, request=request)
-            reply = await self._ask(run, hook, point, ask, pb.BeforeResponseResponse, check)
-            if reply is None:
-                continue
-            which = reply.WhichOneof("decision")
-            if which == "reject_reason":
-                raise HookRejected(hook.name, reply.reject_reason)
-            if which == "request":
-                stream = request.stream
-                request = pb.CreateResponseRequest()
-                request.CopyFrom(reply.request)
-                request.stream = stream
-        return request
+        step = steps.BeforeResponse(request, problems)
+        await self._plan(run, [step])
+        return step.request
 
     async def after_response(self, run: HookRun, response: pb.Response) -> None:
+        """The audit point, then every held observation delivered: HookFailed when a fail-closed
+        hook could not see them."""
         point = P.HOOK_POINT_AFTER_RESPONSE
-        for hook in self._hooks(point):
-            ask = pb.AfterResponseRequest(context=run.context, response=response)
-            await self._ask(run, hook, point, ask, pb.AfterResponseResponse)
+        if self.wants(point):
+            request = pb.AfterResponseRequest(context=run.context, response=response)
+            await self._plan(run, [steps.Observe(point, request)])
+        await self.settle(run)
 
     async def before_model(self, run: HookRun, call: pb.ModelCall) -> ModelDecision:
-        point = P.HOOK_POINT_BEFORE_MODEL
-        for hook in self._hooks(point):
-            ask = pb.BeforeModelRequest(context=run.context, call=call)
-            reply = await self._ask(run, hook, point, ask, pb.BeforeModelResponse, partial(_check_model, call=call))
-            if reply is None:
-                continue
-            which = reply.WhichOneof("decision")
-            if which == "answer":
-                return ModelDecision(call, [_answer_item(i) for i in reply.answer.output])
-            if which == "change":
-                call = _apply_change(call, reply.change)
-        return ModelDecision(call)
+        step = steps.BeforeModel(call)
+        await self._plan(run, [step])
+        return step.decision
 
-    async def after_model(self, run: HookRun, output: Sequence[pb.Item], usage: pb.Usage | None) -> None:
+    async def model_turn(self, run: HookRun, call: pb.ModelCall, turn: int, pause: bool) -> Paused | ModelDecision:
+        """At a turn boundary: the pause check (when `pause`), then the model call's hooks."""
+        check = steps.PauseCheck(before_tools=False, turn=turn - 1) if pause else None
+        model = steps.BeforeModel(call, turn)
+        await self._plan(run, [check, model] if check else [model])
+        if check is not None and check.reason is not None:
+            return Paused(check.reason)
+        return model.decision
+
+    def after_model(self, run: HookRun, output: Sequence[pb.Item], usage: pb.Usage | None) -> None:
+        """Held: it goes with the hook's next exchange (or `flush`)."""
         point = P.HOOK_POINT_AFTER_MODEL
-        for hook in self._hooks(point):
-            ask = pb.AfterModelRequest(context=run.context, output=output, usage=usage)
-            await self._ask(run, hook, point, ask, pb.AfterModelResponse)
+        request = pb.AfterModelRequest(context=run.context, output=output, usage=usage)
+        for index, hook in enumerate(self.hooks):
+            if hook.wants(point):
+                run.held.setdefault(index, []).append(steps.Observe(point, request))
+
+    async def before_tools(
+        self,
+        run: HookRun,
+        calls: Sequence[tuple[pb.FunctionCall, pb.Tool]],
+        pause: bool,
+        ahead: Callable[[pb.FunctionCall], bool],
+    ) -> Paused | ToolsDecision:
+        """Before a turn's calls start: the pause check (when `pause`), the approvals, and the
+        before-tool hooks of the calls `ahead` says will run with no client's decision."""
+        check = steps.PauseCheck(before_tools=True) if pause else None
+        gates = [steps.ApproveTool(call, tool) for call, tool in calls] if self.wants(P.HOOK_POINT_APPROVE_TOOL) else []
+        gate_of = {g.call_id: g for g in gates}
+        tools = [steps.BeforeTool(call, tool, gate_of.get(call.call_id)) for call, tool in calls if ahead(call)]
+        plan: list[Step] = [check] if check else []
+        plan += gates
+        plan += tools
+        await self._plan(run, plan)
+        if check is not None and check.reason is not None:
+            return Paused(check.reason)
+        return ToolsDecision(
+            {g.call_id: g.approval for g in gates if g.approval is not None},
+            {t.call_id: t.decision for t in tools if not (t.gate and t.gate.denied)},
+        )
 
     async def before_tool(self, run: HookRun, call: pb.FunctionCall, tool: pb.Tool) -> ToolDecision:
-        point = P.HOOK_POINT_BEFORE_TOOL
-        for hook in self._hooks(point):
-            ask = pb.BeforeToolRequest(context=run.context, call=call, tool=tool)
-            try:
-                reply = await self._ask(run, hook, point, ask, pb.BeforeToolResponse, _check_before_tool, call.call_id)
-            except HookFailed as failed:
-                return ToolDecision(call, _error(call, f"denied: {failed.failure.describe()}"))
-            if reply is None:
-                continue
-            which = reply.WhichOneof("decision")
-            if which == "deny_reason":
-                return ToolDecision(call, _error(call, f"denied by hook {hook.name}: {reply.deny_reason}"))
-            if which == "result":
-                result = pb.FunctionCallOutput()
-                result.CopyFrom(reply.result)
-                result.call_id = call.call_id
-                return ToolDecision(call, result)
-            if which == "arguments":
-                changed = pb.FunctionCall()
-                changed.CopyFrom(call)
-                changed.arguments = reply.arguments
-                call = changed
-        return ToolDecision(call)
+        step = steps.BeforeTool(call, tool)
+        await self._plan(run, [step], tool_point=True)
+        return step.decision
 
     async def after_tool(
         self, run: HookRun, call: pb.FunctionCall, result: pb.FunctionCallOutput
     ) -> pb.FunctionCallOutput:
-        point = P.HOOK_POINT_AFTER_TOOL
-        for hook in self._hooks(point):
-            ask = pb.AfterToolRequest(context=run.context, call=call, result=result)
-            try:
-                reply = await self._ask(run, hook, point, ask, pb.AfterToolResponse, None, call.call_id)
-            except HookFailed as failed:
-                # The result may hold what the hook was there to keep from the model.
-                return _error(call, f"result withheld: {failed.failure.describe()}")
-            if reply is not None and reply.HasField("result"):
-                result = pb.FunctionCallOutput()
-                result.CopyFrom(reply.result)
-                result.call_id = call.call_id
-        return result
+        step = steps.AfterTool(call, result)
+        await self._plan(run, [step], tool_point=True)
+        return step.result
 
     async def approve_tool(self, run: HookRun, call: pb.FunctionCall, tool: pb.Tool) -> Approval | None:
         """A deny from any hook wins; else an approval; None: no hook has an opinion."""
-        point = P.HOOK_POINT_APPROVE_TOOL
-        approval: Approval | None = None
-        for hook in self._hooks(point):
-            ask = pb.ApproveToolRequest(context=run.context, call=call, tool=tool)
-            try:
-                reply = await self._ask(run, hook, point, ask, pb.ApproveToolResponse, None, call.call_id)
-            except HookFailed as failed:
-                return Approval(False, failed.failure.describe(), hook.name)
-            if reply is None:
-                continue
-            if reply.decision == Decision.DECISION_DENY:
-                return Approval(False, reply.reason, hook.name)
-            if reply.decision == Decision.DECISION_APPROVE and approval is None:
-                approval = Approval(True, reply.reason, hook.name)
-        return approval
+        step = steps.ApproveTool(call, tool)
+        await self._plan(run, [step], tool_point=True)
+        return step.approval
 
     async def pause_check(self, run: HookRun, before_tools: bool = False) -> str | None:
         """The reason to pause, or None."""
-        point = P.HOOK_POINT_PAUSE_CHECK
-        at = (
-            pb.PauseCheckRequest.CHECK_POINT_BEFORE_TOOLS
-            if before_tools
-            else pb.PauseCheckRequest.CHECK_POINT_TURN_BOUNDARY
-        )
-        for hook in self._hooks(point):
-            ask = pb.PauseCheckRequest(context=run.context, check_point=at)
-            reply = await self._ask(run, hook, point, ask, pb.PauseCheckResponse)
-            if reply is not None and reply.pause:
-                return reply.reason or f"paused by hook {hook.name}"
-        return None
+        step = steps.PauseCheck(before_tools)
+        await self._plan(run, [step])
+        return step.reason
 
-    # -- one call -----------------------------------------------------------------------------------
+    # -- observations held --------------------------------------------------------------------------
 
-    def _hooks(self, point: int) -> list[HookClient]:
-        return [h for h in self.hooks if h.wants(point)]
+    def flush(self, run: HookRun) -> None:
+        """Send the held observations now, without waiting for their answers (the run is about
+        to wait on something else)."""
+        for index in list(run.held):
+            task = asyncio.create_task(self._send_held(run, index))
+            run.sending.add(task)
+            task.add_done_callback(run.sending.discard)
 
-    async def _ask(
-        self,
-        run: HookRun,
-        hook: HookClient,
-        point: int,
-        request: Message,
-        reply_type: type[R],
-        check: Callable[[R], None] | None = None,
-        call_id: str = "",
-    ) -> R | None:
-        """The hook's answer, checked; None after a fail-open failure; HookFailed after a
-        fail-closed one."""
-        started = time.perf_counter()
-        run.calls += 1
+    async def settle(self, run: HookRun) -> None:
+        """Every observation delivered and answered; HookFailed if a fail-closed hook failed."""
+        self.flush(run)
+        if run.sending:
+            await asyncio.gather(*run.sending)
+        run.raise_closed()
+
+    async def _send_held(self, run: HookRun, index: int) -> None:
         try:
-            async with asyncio.timeout(hook.timeout):
-                reply = await hook.call(point, request, run.caller)
-            if not isinstance(reply, reply_type):
-                raise _Garbage(f"it answered a {type(reply).__name__}, not a {reply_type.__name__}")
-            if check is not None:
-                check(reply)
-            return reply
+            await self._exchange(run, index, [])
+        except HookFailed as failed:
+            run.closed = run.closed or failed.failure
+
+    # -- plans and exchanges ------------------------------------------------------------------------
+
+    async def _plan(self, run: HookRun, plan: Sequence[Step], tool_point: bool = False) -> None:
+        """Ask the hooks the plan's steps: in one exchange when one hook is at all of them, else
+        step by step and hook by hook. Returns early when a step's answer ends the plan."""
+        if not tool_point:
+            run.raise_closed()
+        at = [i for i, h in enumerate(self.hooks) if any(h.wants(s.point) for s in plan)]
+        if len(at) == 1:
+            hook = self.hooks[at[0]]
+            await self._chain(run, at[0], [s for s in plan if hook.wants(s.point)])
+        else:
+            await self._in_turn(run, at, plan)
+        if not tool_point:
+            # A held observation that went with this exchange and failed closed.
+            run.raise_closed()
+
+    async def _in_turn(self, run: HookRun, at: list[int], plan: Sequence[Step]) -> None:
+        for step in plan:
+            for index in at:
+                if self.hooks[index].wants(step.point) and await self._chain(run, index, [step]):
+                    return
+
+    async def _chain(self, run: HookRun, index: int, plan: list[Step]) -> bool:
+        """One hook's steps, in as few exchanges as its answers allow; True when one ended the plan."""
+        hook = self.hooks[index]
+        while plan:
+            asks = [_Ask(s, r) for s in plan if (r := s.ask(run.context)) is not None]
+            if not asks:
+                return False
+            outcomes = await self._exchange(run, index, asks)
+            for ask, outcome in zip(asks, outcomes, strict=False):
+                if isinstance(outcome, HookFailure):
+                    if hook.fail_open:
+                        run.failures.append(outcome)
+                        ended = ask.step.take(hook.name, None)
+                    else:
+                        ended = ask.step.fail_closed(outcome)
+                else:
+                    ended = ask.step.take(hook.name, outcome)
+                if ended:
+                    return True
+            plan = [a.step for a in asks[len(outcomes) :]]
+        return False
+
+    async def _exchange(self, run: HookRun, index: int, asks: list[_Ask]) -> list[Message | HookFailure]:
+        """The held observations first, then `asks`: the outcome of each of `asks` evaluated."""
+        held = run.held.pop(index, None)
+        hook = self.hooks[index]
+        while held:
+            observed = [_Ask(s, s.ask(run.context)) for s in held]  # type: ignore[arg-type]
+            outcomes = await self._send(run, hook, observed + asks)
+            for outcome in outcomes[: len(held)]:
+                if isinstance(outcome, HookFailure) and hook.fail_open:
+                    run.failures.append(outcome)
+                elif isinstance(outcome, HookFailure):
+                    run.closed = run.closed or outcome
+            if len(outcomes) >= len(held):
+                return outcomes[len(held) :]
+            held = held[len(outcomes) :]
+        return await self._send(run, hook, asks) if asks else []
+
+    async def _send(self, run: HookRun, hook: HookClient, asks: list[_Ask]) -> list[Message | HookFailure]:
+        """One exchange: an outcome per call evaluated, in order (a checked answer or a failure)."""
+        started = time.perf_counter()
+        run.calls += len(asks)
+        timeout = hook.timeout * len(asks)
+        try:
+            async with asyncio.timeout(timeout):
+                exchange = await hook.exchange([a.request for a in asks], run.caller)
+            outcomes = _outcomes(hook.name, asks, exchange)
         except TimeoutError:
-            error = f"no answer within {hook.timeout:g}s"
+            outcomes = [_failure(hook.name, a, f"no answer within {timeout:g}s") for a in asks]
         except Exception as err:
-            error = str(err) if isinstance(err, _Garbage) else f"{type(err).__name__}: {err}"
+            outcomes = [_failure(hook.name, a, f"{type(err).__name__}: {err}") for a in asks]
         finally:
             run.seconds += time.perf_counter() - started
-        run.failed += 1
-        failure = HookFailure(hook.name, point, error, call_id)
-        log.warning("%s (%s)", failure.describe(), "fail-open" if hook.fail_open else "fail-closed")
-        if not hook.fail_open:
-            raise HookFailed(failure)
-        run.failures.append(failure)
-        return None
+        for outcome in outcomes:
+            if isinstance(outcome, HookFailure):
+                run.failed += 1
+                log.warning("%s (%s)", outcome.describe(), "fail-open" if hook.fail_open else "fail-closed")
+        return outcomes
 
 
-def _error(call: pb.FunctionCall, message: str) -> pb.FunctionCallOutput:
-    return pb.FunctionCallOutput(call_id=call.call_id, output=message, is_error=True)
-
-
-def _check_before_tool(reply: pb.BeforeToolResponse) -> None:
-    if reply.WhichOneof("decision") == "arguments":
+def _outcomes(hook: str, asks: list[_Ask], exchange: Exchange) -> list[Message | HookFailure]:
+    """The answers checked, up to and including the first that is not empty; then the failure of
+    the call after them, if the hook stopped early without an answer that explains it."""
+    outcomes: list[Message | HookFailure] = []
+    for ask, answer in zip(asks, exchange.answers, strict=False):
+        expected = POINTS[ask.step.point].reply
         try:
-            json.loads(reply.arguments)
-        except ValueError:
-            raise _Garbage("the arguments it returned are not JSON") from None
+            if not isinstance(answer, expected):
+                raise Garbage(f"it answered a {type(answer).__name__}, not a {expected.__name__}")
+            ask.step.check(answer)
+        except Garbage as garbage:
+            outcomes.append(_failure(hook, ask, str(garbage)))
+            return outcomes
+        outcomes.append(answer)
+        if answer.ByteSize():
+            return outcomes
+    if len(outcomes) < len(asks):
+        error = exchange.error or f"it answered {len(outcomes)} of {len(asks)} calls"
+        outcomes.append(_failure(hook, asks[len(outcomes)], error))
+    return outcomes
 
 
-def _check_model(reply: pb.BeforeModelResponse, call: pb.ModelCall) -> None:
-    which = reply.WhichOneof("decision")
-    if which == "change" and reply.change.HasField("offered_tools"):
-        known = {t.name for t in call.tools}
-        unknown = [n for n in reply.change.offered_tools.names if n not in known]
-        if unknown:
-            raise _Garbage(f"it offered tools the request does not: {unknown}")
-    elif which == "answer":
-        if not reply.answer.output:
-            raise _Garbage("its answer is empty")
-        for item in reply.answer.output:
-            kind = item.WhichOneof("kind")
-            if kind == "message" and item.message.role in (pb.Role.ROLE_UNSPECIFIED, pb.Role.ROLE_ASSISTANT):
-                continue
-            if kind == "function_call" and item.function_call.call_id and item.function_call.name:
-                continue
-            raise _Garbage("an answer holds assistant messages and function calls (with call_id and name) only")
-
-
-def _apply_change(call: pb.ModelCall, change: pb.ModelCallChange) -> pb.ModelCall:
-    changed = pb.ModelCall()
-    changed.CopyFrom(call)
-    if change.HasField("instructions"):
-        changed.instructions = change.instructions
-    if change.HasField("temperature"):
-        changed.temperature = change.temperature
-    if change.HasField("offered_tools"):
-        offered = set(change.offered_tools.names)
-        kept = [t for t in call.tools if t.name in offered]
-        del changed.tools[:]
-        changed.tools.extend(kept)
-    changed.items.extend(change.append_items)
-    return changed
-
-
-def _answer_item(item: pb.Item) -> pb.Item:
-    answer = pb.Item()
-    answer.CopyFrom(item)
-    if answer.WhichOneof("kind") == "message":
-        answer.message.role = pb.Role.ROLE_ASSISTANT
-    return answer
+def _failure(hook: str, ask: _Ask, error: str) -> HookFailure:
+    return HookFailure(hook, ask.step.point, error, ask.step.call_id)

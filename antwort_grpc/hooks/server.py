@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -17,7 +17,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from antwort_grpc import pb
-from antwort_grpc.hooks.service import POINTS, Caller, PolicyHook, current_caller
+from antwort_grpc.hooks.service import POINT_OF, POINTS, Caller, PolicyHook, current_caller, evaluate
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,52 @@ class HookServicer(pb.HookServiceServicer):
 
     async def GetHookInfo(self, request: pb.GetHookInfoRequest, context: Context) -> pb.GetHookInfoResponse:
         points: list[Any] = sorted(self.hook.points())
-        return pb.GetHookInfoResponse(name=self.hook.name, points=points)
+        return pb.GetHookInfoResponse(name=self.hook.name, points=points, session=True)
+
+    async def Session(self, requests: AsyncIterator[pb.SessionRequest], context: Context) -> None:
+        """Every exchange in a task of its own (a slow decision for one response holds up no
+        other); answers are written one at a time, as they are ready."""
+        writing = asyncio.Lock()
+        answering: set[asyncio.Task[None]] = set()
+
+        async def answer(request: pb.SessionRequest) -> None:
+            reply = await self._exchange(request)
+            async with writing:
+                await context.write(reply)
+
+        try:
+            async for request in requests:
+                task = asyncio.create_task(answer(request))
+                answering.add(task)
+                task.add_done_callback(answering.discard)
+            await asyncio.gather(*answering)
+        finally:
+            for task in answering:
+                task.cancel()
+
+    async def _exchange(self, request: pb.SessionRequest) -> pb.SessionResponse:
+        caller = request.caller
+        current_caller.set(Caller(caller.owner, caller.traceparent, caller.tracestate))
+        reply = pb.SessionResponse(exchange_id=request.exchange_id)
+        calls: list[Message] = []
+        for call in request.calls:
+            which = call.WhichOneof("point")
+            if which is None:
+                reply.error = "a call names no point"
+                return reply
+            calls.append(getattr(call, which))
+        exchange = await evaluate(self.hook, calls)
+        for asked, answer in zip(calls, exchange.answers, strict=False):
+            spec = POINTS[POINT_OF[type(asked)]]
+            if not isinstance(answer, spec.reply):
+                reply.error = f"{spec.method} answered a {type(answer).__name__}, not a {spec.reply.__name__}"
+                return reply
+            getattr(reply.answers.add(), spec.method).CopyFrom(answer)
+        if exchange.error:
+            failed = POINTS[POINT_OF[type(calls[len(exchange.answers)])]].method
+            log.warning("hook %s failed at %s: %s", self.hook.name, failed, exchange.error)
+            reply.error = exchange.error
+        return reply
 
     def _rpc(self, point: int) -> Callable[[Message, Context], Awaitable[Message]]:
         async def handle(request: Message, context: Context) -> Message:

@@ -16,7 +16,7 @@ no change". The points a hook is called at are the methods it overrides.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -45,23 +45,31 @@ P = Point
 
 @dataclass(frozen=True, slots=True)
 class PointSpec:
-    """How one point is called: the PolicyHook method, the HookService RPC, the answer type."""
+    """How one point is called: the PolicyHook method (also the point's field in a Session's
+    HookCall and HookAnswer), the HookService RPC, the request and answer types."""
 
     method: str
     rpc: str
+    request: type[Message]
     reply: type[Message]
 
 
 POINTS: dict[int, PointSpec] = {
-    P.HOOK_POINT_BEFORE_RESPONSE: PointSpec("before_response", "BeforeResponse", pb.BeforeResponseResponse),
-    P.HOOK_POINT_AFTER_RESPONSE: PointSpec("after_response", "AfterResponse", pb.AfterResponseResponse),
-    P.HOOK_POINT_BEFORE_MODEL: PointSpec("before_model", "BeforeModel", pb.BeforeModelResponse),
-    P.HOOK_POINT_AFTER_MODEL: PointSpec("after_model", "AfterModel", pb.AfterModelResponse),
-    P.HOOK_POINT_BEFORE_TOOL: PointSpec("before_tool", "BeforeTool", pb.BeforeToolResponse),
-    P.HOOK_POINT_AFTER_TOOL: PointSpec("after_tool", "AfterTool", pb.AfterToolResponse),
-    P.HOOK_POINT_APPROVE_TOOL: PointSpec("approve_tool", "ApproveTool", pb.ApproveToolResponse),
-    P.HOOK_POINT_PAUSE_CHECK: PointSpec("pause_check", "PauseCheck", pb.PauseCheckResponse),
+    P.HOOK_POINT_BEFORE_RESPONSE: PointSpec(
+        "before_response", "BeforeResponse", pb.BeforeResponseRequest, pb.BeforeResponseResponse
+    ),
+    P.HOOK_POINT_AFTER_RESPONSE: PointSpec(
+        "after_response", "AfterResponse", pb.AfterResponseRequest, pb.AfterResponseResponse
+    ),
+    P.HOOK_POINT_BEFORE_MODEL: PointSpec("before_model", "BeforeModel", pb.BeforeModelRequest, pb.BeforeModelResponse),
+    P.HOOK_POINT_AFTER_MODEL: PointSpec("after_model", "AfterModel", pb.AfterModelRequest, pb.AfterModelResponse),
+    P.HOOK_POINT_BEFORE_TOOL: PointSpec("before_tool", "BeforeTool", pb.BeforeToolRequest, pb.BeforeToolResponse),
+    P.HOOK_POINT_AFTER_TOOL: PointSpec("after_tool", "AfterTool", pb.AfterToolRequest, pb.AfterToolResponse),
+    P.HOOK_POINT_APPROVE_TOOL: PointSpec("approve_tool", "ApproveTool", pb.ApproveToolRequest, pb.ApproveToolResponse),
+    P.HOOK_POINT_PAUSE_CHECK: PointSpec("pause_check", "PauseCheck", pb.PauseCheckRequest, pb.PauseCheckResponse),
 }
+# The point of a request, by its type.
+POINT_OF: dict[type[Message], int] = {spec.request: point for point, spec in POINTS.items()}
 
 
 def point_name(point: int) -> str:
@@ -139,3 +147,28 @@ class PolicyHook:
         """Dispatch one point's request to its method."""
         reply: Message = await getattr(self, POINTS[point].method)(request)
         return reply
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What a hook answered to calls asked together: the answers of the calls it evaluated, in
+    order, and when the call after the last answer failed, why."""
+
+    answers: list[Message]
+    error: str = ""
+
+
+async def evaluate(hook: PolicyHook, calls: Sequence[Message]) -> Exchange:
+    """Calls asked together, the way a Session exchange is answered: one after another, stopping
+    after the first answer that is not empty (the asker applies it and asks again for the rest)
+    or at the first call that fails."""
+    answers: list[Message] = []
+    for request in calls:
+        try:
+            reply = await hook.call(POINT_OF[type(request)], request)
+        except Exception as err:
+            return Exchange(answers, f"{type(err).__name__}: {err}")
+        answers.append(reply)
+        if not isinstance(reply, Message) or reply.ByteSize():
+            break
+    return Exchange(answers)

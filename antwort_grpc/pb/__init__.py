@@ -5,7 +5,7 @@
 from antwort_grpc.pb.control_pb2 import Control, SteerControl, FollowUpControl, PauseControl, ResumeControl, CancelControl, ControlRejected, FieldViolation
 from antwort_grpc.pb.event_pb2 import TurnDecision, InputKind, StreamEvent, ResponseCreatedEvent, ResponseInProgressEvent, OutputItemAddedEvent, OutputItemDoneEvent, ContentPartAddedEvent, ContentPartDoneEvent, OutputTextDeltaEvent, OutputTextDoneEvent, RefusalDeltaEvent, RefusalDoneEvent, FunctionCallArgumentsDeltaEvent, FunctionCallArgumentsDoneEvent, ReasoningTextDeltaEvent, ReasoningTextDoneEvent, ResponseCompletedEvent, ResponseRequiresActionEvent, ResponseIncompleteEvent, ResponseFailedEvent, ResponseCancelledEvent, ToolExecutionInProgressEvent, ToolExecutionProgressEvent, ToolExecutionCompletedEvent, ToolExecutionFailedEvent, HookFailedEvent, TurnStartedEvent, TurnDecidedEvent, ApprovalRequestedEvent, PausedEvent, ResumedEvent, InputInjectedEvent, TurnCompletedEvent
 from antwort_grpc.pb.hook_pb2 import HookPoint
-from antwort_grpc.pb.hook_service_pb2 import GetHookInfoRequest, GetHookInfoResponse, HookContext, BeforeResponseRequest, BeforeResponseResponse, AfterResponseRequest, AfterResponseResponse, ModelCall, BeforeModelRequest, BeforeModelResponse, ModelCallChange, OfferedTools, ModelAnswer, AfterModelRequest, AfterModelResponse, BeforeToolRequest, BeforeToolResponse, AfterToolRequest, AfterToolResponse, ApproveToolRequest, ApproveToolResponse, PauseCheckRequest, PauseCheckResponse
+from antwort_grpc.pb.hook_service_pb2 import GetHookInfoRequest, GetHookInfoResponse, SessionRequest, HookCaller, HookCall, SessionResponse, HookAnswer, HookContext, BeforeResponseRequest, BeforeResponseResponse, AfterResponseRequest, AfterResponseResponse, ModelCall, BeforeModelRequest, BeforeModelResponse, ModelCallChange, OfferedTools, ModelAnswer, AfterModelRequest, AfterModelResponse, BeforeToolRequest, BeforeToolResponse, AfterToolRequest, AfterToolResponse, ApproveToolRequest, ApproveToolResponse, PauseCheckRequest, PauseCheckResponse
 from antwort_grpc.pb.hook_service_pb2_grpc import HookServiceStub, HookServiceServicer, add_HookServiceServicer_to_server, HookService
 from antwort_grpc.pb.item_pb2 import ItemStatus, Role, ImageDetail, Item, Message, ContentPart, InputText, OutputText, Refusal, InputImage, FunctionCall, FunctionCallOutput, Reasoning, ApprovalRequest, ApprovalResponse
 from antwort_grpc.pb.response_pb2 import ResponseStatus, Truncation, Usage, ResponseError, IncompleteDetails, Response, RunMetrics, ToolMetrics, TurnMetrics
@@ -61,6 +61,11 @@ __all__ = [
     "HookPoint",
     "GetHookInfoRequest",
     "GetHookInfoResponse",
+    "SessionRequest",
+    "HookCaller",
+    "HookCall",
+    "SessionResponse",
+    "HookAnswer",
     "HookContext",
     "BeforeResponseRequest",
     "BeforeResponseResponse",

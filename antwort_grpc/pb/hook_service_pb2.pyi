@@ -18,12 +18,84 @@ class GetHookInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetHookInfoResponse(_message.Message):
-    __slots__ = ("name", "points")
+    __slots__ = ("name", "points", "session")
     NAME_FIELD_NUMBER: _ClassVar[int]
     POINTS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     name: str
     points: _containers.RepeatedScalarFieldContainer[_hook_pb2.HookPoint]
-    def __init__(self, name: _Optional[str] = ..., points: _Optional[_Iterable[_Union[_hook_pb2.HookPoint, str]]] = ...) -> None: ...
+    session: bool
+    def __init__(self, name: _Optional[str] = ..., points: _Optional[_Iterable[_Union[_hook_pb2.HookPoint, str]]] = ..., session: _Optional[bool] = ...) -> None: ...
+
+class SessionRequest(_message.Message):
+    __slots__ = ("exchange_id", "caller", "calls")
+    EXCHANGE_ID_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    exchange_id: int
+    caller: HookCaller
+    calls: _containers.RepeatedCompositeFieldContainer[HookCall]
+    def __init__(self, exchange_id: _Optional[int] = ..., caller: _Optional[_Union[HookCaller, _Mapping]] = ..., calls: _Optional[_Iterable[_Union[HookCall, _Mapping]]] = ...) -> None: ...
+
+class HookCaller(_message.Message):
+    __slots__ = ("owner", "traceparent", "tracestate")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATE_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    traceparent: str
+    tracestate: str
+    def __init__(self, owner: _Optional[str] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
+
+class HookCall(_message.Message):
+    __slots__ = ("before_response", "after_response", "before_model", "after_model", "before_tool", "after_tool", "approve_tool", "pause_check")
+    BEFORE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_MODEL_FIELD_NUMBER: _ClassVar[int]
+    AFTER_MODEL_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_TOOL_FIELD_NUMBER: _ClassVar[int]
+    AFTER_TOOL_FIELD_NUMBER: _ClassVar[int]
+    APPROVE_TOOL_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_CHECK_FIELD_NUMBER: _ClassVar[int]
+    before_response: BeforeResponseRequest
+    after_response: AfterResponseRequest
+    before_model: BeforeModelRequest
+    after_model: AfterModelRequest
+    before_tool: BeforeToolRequest
+    after_tool: AfterToolRequest
+    approve_tool: ApproveToolRequest
+    pause_check: PauseCheckRequest
+    def __init__(self, before_response: _Optional[_Union[BeforeResponseRequest, _Mapping]] = ..., after_response: _Optional[_Union[AfterResponseRequest, _Mapping]] = ..., before_model: _Optional[_Union[BeforeModelRequest, _Mapping]] = ..., after_model: _Optional[_Union[AfterModelRequest, _Mapping]] = ..., before_tool: _Optional[_Union[BeforeToolRequest, _Mapping]] = ..., after_tool: _Optional[_Union[AfterToolRequest, _Mapping]] = ..., approve_tool: _Optional[_Union[ApproveToolRequest, _Mapping]] = ..., pause_check: _Optional[_Union[PauseCheckRequest, _Mapping]] = ...) -> None: ...
+
+class SessionResponse(_message.Message):
+    __slots__ = ("exchange_id", "answers", "error")
+    EXCHANGE_ID_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    exchange_id: int
+    answers: _containers.RepeatedCompositeFieldContainer[HookAnswer]
+    error: str
+    def __init__(self, exchange_id: _Optional[int] = ..., answers: _Optional[_Iterable[_Union[HookAnswer, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class HookAnswer(_message.Message):
+    __slots__ = ("before_response", "after_response", "before_model", "after_model", "before_tool", "after_tool", "approve_tool", "pause_check")
+    BEFORE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_MODEL_FIELD_NUMBER: _ClassVar[int]
+    AFTER_MODEL_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_TOOL_FIELD_NUMBER: _ClassVar[int]
+    AFTER_TOOL_FIELD_NUMBER: _ClassVar[int]
+    APPROVE_TOOL_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_CHECK_FIELD_NUMBER: _ClassVar[int]
+    before_response: BeforeResponseResponse
+    after_response: AfterResponseResponse
+    before_model: BeforeModelResponse
+    after_model: AfterModelResponse
+    before_tool: BeforeToolResponse
+    after_tool: AfterToolResponse
+    approve_tool: ApproveToolResponse
+    pause_check: PauseCheckResponse
+    def __init__(self, before_response: _Optional[_Union[BeforeResponseResponse, _Mapping]] = ..., after_response: _Optional[_Union[AfterResponseResponse, _Mapping]] = ..., before_model: _Optional[_Union[BeforeModelResponse, _Mapping]] = ..., after_model: _Optional[_Union[AfterModelResponse, _Mapping]] = ..., before_tool: _Optional[_Union[BeforeToolResponse, _Mapping]] = ..., after_tool: _Optional[_Union[AfterToolResponse, _Mapping]] = ..., approve_tool: _Optional[_Union[ApproveToolResponse, _Mapping]] = ..., pause_check: _Optional[_Union[PauseCheckResponse, _Mapping]] = ...) -> None: ...
 
 class HookContext(_message.Message):
     __slots__ = ("response_id", "model", "turn", "previous_response_id", "metadata")

@@ -36,6 +36,12 @@ class HookServiceStub:
     caller's identity as `antwort-owner`.
 
     An empty answer always means "no objection, no change".
+
+    A service that implements Session (and says so in GetHookInfo) gets every call through one
+    long-lived stream per gateway instead of one RPC per call: cheaper, and calls that follow each
+    other with nothing in between (the pause check and the model call at a turn boundary; the pause
+    check, approvals and before-tool calls before tools start) come in one exchange. The unary RPCs
+    stay for services that do not.
     """
 
     def __init__(self, channel):
@@ -48,6 +54,11 @@ class HookServiceStub:
                 '/antwort.v1.HookService/GetHookInfo',
                 request_serializer=antwort_dot_v1_dot_hook__service__pb2.GetHookInfoRequest.SerializeToString,
                 response_deserializer=antwort_dot_v1_dot_hook__service__pb2.GetHookInfoResponse.FromString,
+                _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/antwort.v1.HookService/Session',
+                request_serializer=antwort_dot_v1_dot_hook__service__pb2.SessionRequest.SerializeToString,
+                response_deserializer=antwort_dot_v1_dot_hook__service__pb2.SessionResponse.FromString,
                 _registered_method=True)
         self.BeforeResponse = channel.unary_unary(
                 '/antwort.v1.HookService/BeforeResponse',
@@ -101,9 +112,21 @@ class HookServiceServicer:
     caller's identity as `antwort-owner`.
 
     An empty answer always means "no objection, no change".
+
+    A service that implements Session (and says so in GetHookInfo) gets every call through one
+    long-lived stream per gateway instead of one RPC per call: cheaper, and calls that follow each
+    other with nothing in between (the pause check and the model call at a turn boundary; the pause
+    check, approvals and before-tool calls before tools start) come in one exchange. The unary RPCs
+    stay for services that do not.
     """
 
     def GetHookInfo(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Session(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -165,6 +188,11 @@ def add_HookServiceServicer_to_server(servicer, server):
                     request_deserializer=antwort_dot_v1_dot_hook__service__pb2.GetHookInfoRequest.FromString,
                     response_serializer=antwort_dot_v1_dot_hook__service__pb2.GetHookInfoResponse.SerializeToString,
             ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=antwort_dot_v1_dot_hook__service__pb2.SessionRequest.FromString,
+                    response_serializer=antwort_dot_v1_dot_hook__service__pb2.SessionResponse.SerializeToString,
+            ),
             'BeforeResponse': grpc.unary_unary_rpc_method_handler(
                     servicer.BeforeResponse,
                     request_deserializer=antwort_dot_v1_dot_hook__service__pb2.BeforeResponseRequest.FromString,
@@ -223,6 +251,12 @@ class HookService:
     caller's identity as `antwort-owner`.
 
     An empty answer always means "no objection, no change".
+
+    A service that implements Session (and says so in GetHookInfo) gets every call through one
+    long-lived stream per gateway instead of one RPC per call: cheaper, and calls that follow each
+    other with nothing in between (the pause check and the model call at a turn boundary; the pause
+    check, approvals and before-tool calls before tools start) come in one exchange. The unary RPCs
+    stay for services that do not.
     """
 
     @staticmethod
@@ -242,6 +276,33 @@ class HookService:
             '/antwort.v1.HookService/GetHookInfo',
             antwort_dot_v1_dot_hook__service__pb2.GetHookInfoRequest.SerializeToString,
             antwort_dot_v1_dot_hook__service__pb2.GetHookInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/antwort.v1.HookService/Session',
+            antwort_dot_v1_dot_hook__service__pb2.SessionRequest.SerializeToString,
+            antwort_dot_v1_dot_hook__service__pb2.SessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
