@@ -84,8 +84,10 @@ class HookRun:
         return taken
 
     def raise_closed(self) -> None:
-        if self.closed is not None:
-            raise HookFailed(self.closed)
+        """Raise that failure, once."""
+        failure, self.closed = self.closed, None
+        if failure is not None:
+            raise HookFailed(failure)
 
 
 @dataclass(frozen=True, slots=True)
