@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from antwort_grpc import pb
@@ -29,7 +29,15 @@ from antwort_grpc.engine.metrics import RunRecorder
 from antwort_grpc.engine.outcomes import Failed
 from antwort_grpc.engine.policy import needs_approval
 from antwort_grpc.executors.base import ProgressSink, ToolTimeoutSource
-from antwort_grpc.hooks.dispatch import Dispatcher, HookFailed, HookFailure, HookRun, Paused, ToolDecision
+from antwort_grpc.hooks.dispatch import (
+    Dispatcher,
+    HookFailed,
+    HookFailure,
+    HookRun,
+    ModelDecision,
+    Paused,
+    ToolDecision,
+)
 from antwort_grpc.hooks.service import Caller, Point
 from antwort_grpc.providers.base import Completion, Provider, ProviderError, ProviderEvent, TurnRequest
 
@@ -63,6 +71,8 @@ class Governor:
         self.omitted = 0
         # Calls cancelled by their timeout (their tool event says so).
         self.timed_out: set[str] = set()
+        # The first model call's hooks, asked ahead with the before-response hooks.
+        self._ahead: tuple[pb.ModelCall, Paused | ModelDecision] | None = None
         # Before-tool decisions asked ahead, with the approvals.
         self._decided: dict[str, ToolDecision] = {}
         # The first executed call that failed, when the failure mode is FAIL.
@@ -174,19 +184,52 @@ class Governor:
     def output_budget(self, per_call: int | None, response: pb.Response) -> int | None:
         return output_budget(self.limits, per_call, response.usage.output_tokens)
 
+    async def admit(
+        self,
+        request: pb.CreateResponseRequest,
+        problems: Callable[[pb.CreateResponseRequest], list[str]],
+        first: TurnRequest | None,
+    ) -> pb.CreateResponseRequest:
+        """The before-response hooks: the request to run (HookRejected, HookFailed to refuse it).
+        `first`: the first model call, when the response starts with one: its hooks are asked
+        ahead, in the same exchange, and their answer kept for that call if nothing changed."""
+        assert self.hooks is not None and self.hook_run is not None
+        if first is None:
+            return await self.hooks.before_response(self.hook_run, request, problems)
+        call = _model_call(first)
+        admitted, ahead = await self.hooks.admit(self.hook_run, request, problems, call, self.pauses)
+        if ahead is not None:
+            self._ahead = (call, ahead)
+        return admitted
+
     async def before_model(self, turn: int, request: TurnRequest, pause: bool) -> Paused | TurnRequest | Completion:
         """At a turn boundary: a hook's pause (when `pause`: not asked yet at this boundary), the
         call to make (changed by hooks), or a hook's answer in the model's place."""
+        # The first check at this boundary: an answer asked ahead may be for this very call.
+        first_check = pause
         pause = pause and self.pauses
         if not (pause or self.wants(P.HOOK_POINT_BEFORE_MODEL)):
             return request
         assert self.hooks is not None
-        decision = await self.hooks.model_turn(self._turn(turn), _model_call(request), turn, pause)
+        call = _model_call(request)
+        decision = self._asked_ahead(turn, call) if first_check else None
+        if decision is None:
+            decision = await self.hooks.model_turn(self._turn(turn), call, turn, pause)
         if isinstance(decision, Paused):
             return decision
         if decision.answer is not None:
             return Completion(decision.answer)
         return _apply(request, decision.call)
+
+    def _asked_ahead(self, turn: int, call: pb.ModelCall) -> Paused | ModelDecision | None:
+        """The answer asked ahead for this call, if it was this call that was asked about."""
+        if self._ahead is None:
+            return None
+        asked, decision = self._ahead
+        self._ahead = None
+        if turn == 1 and asked == call:
+            return decision
+        return None
 
     def model_started(self, usage: pb.Usage) -> None:
         self._model_started = time.perf_counter()

@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -41,7 +41,8 @@ from antwort_grpc.engine.runs import RunRegistry
 from antwort_grpc.engine.tools import ToolSet, resolve_tools
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.executors.base import ToolExecutor, current_deadline
-from antwort_grpc.hooks.dispatch import Dispatcher, HookFailed, HookRun, Paused
+from antwort_grpc.hooks.dispatch import Dispatcher, HookFailed, HookRejected, HookRun, Paused
+from antwort_grpc.hooks.service import Point
 from antwort_grpc.providers.base import (
     Completion,
     FinishReason,
@@ -145,13 +146,15 @@ class Engine:
         timeout: float | None = None,
         controller: bool = False,
         hook_run: HookRun | None = None,
+        problems: Callable[[pb.CreateResponseRequest], list[str]] = lambda _: [],
     ) -> Run:
         """Prepare and store a new response; iterate `run.events()` to run it. Raises RequestError
         (and nothing is stored) when it cannot start. The request is expected to have passed
-        `responses.validation` (the responses layer does that for every front door).
+        `responses.validation` (the responses layer does that for every front door; `problems`
+        is that validation, for a request a before-response hook returns).
 
         `controller`: a client stays attached that can decide approvals while the run waits."""
-        run = await self._prepare(request, owner, controller, hook_run)
+        run = await self._admit(request, owner, controller, hook_run, problems)
         # Stored before the client learns the id: from then on any replica can read or cancel
         # it, and a crash leaves it to be found and marked interrupted.
         await self._save(run, required=True)
@@ -179,8 +182,51 @@ class Engine:
 
     # -- preparation (errors here become gRPC statuses) -----------------------------------------
 
+    async def _admit(
+        self,
+        request: pb.CreateResponseRequest,
+        owner: str,
+        controller: bool,
+        hook_run: HookRun | None,
+        problems: Callable[[pb.CreateResponseRequest], list[str]],
+    ) -> Run:
+        """The response prepared and past the before-response hooks, which may refuse the request
+        (PERMISSION_DENIED; UNAVAILABLE when a fail-closed hook failed) or change it (prepared
+        again, under the same id). A request that cannot be prepared still goes to the hooks
+        first: one may make it one that can."""
+        hooks = self.config.hooks
+        if hook_run is None or hooks is None or not hooks.wants(Point.HOOK_POINT_BEFORE_RESPONSE):
+            return await self._prepare(request, owner, controller, hook_run)
+        run: Run | None = None
+        with contextlib.suppress(RequestError):
+            run = await self._prepare(request, owner, controller, hook_run)
+        try:
+            if run is None:
+                admitted = await hooks.before_response(hook_run, request, problems)
+            else:
+                admitted = await run.governor.admit(request, problems, self._first_call(run))
+        except HookRejected as rejected:
+            raise RequestError(grpc.StatusCode.PERMISSION_DENIED, str(rejected), reason="hook_rejected") from None
+        except HookFailed as failed:
+            raise RequestError(grpc.StatusCode.UNAVAILABLE, str(failed), reason="hook_failed") from None
+        if run is not None and admitted is request:
+            return run
+        return await self._prepare(admitted, owner, controller, hook_run, run.response.id if run else "")
+
+    def _first_call(self, run: Run) -> TurnRequest | None:
+        """The first model call, when the response starts with one (not with calls to run)."""
+        resumed = run.continuation
+        if self.config.max_turns <= 0 or resumed.calls or resumed.outputs or resumed.handoff:
+            return None
+        return self._turn_request(run, 1)
+
     async def _prepare(
-        self, request: pb.CreateResponseRequest, owner: str, controller: bool, hook_run: HookRun | None = None
+        self,
+        request: pb.CreateResponseRequest,
+        owner: str,
+        controller: bool,
+        hook_run: HookRun | None = None,
+        response_id: str = "",
     ) -> Run:
         model = request.model or self.config.default_model
         if not model:
@@ -201,9 +247,12 @@ class Engine:
         resumed, violations = continuation.resolve(history.items, history.model_call_ids, items, tools, choice)
         if violations:
             raise invalid_argument(violations)
+        response = new_response(request, model)
+        if response_id:
+            response.id = response_id
         return Run(
             request,
-            new_response(request, model),
+            response,
             items,
             history.items + items,
             tools,

@@ -141,6 +141,31 @@ class Dispatcher:
         await self._plan(run, [step])
         return step.request
 
+    async def admit(
+        self,
+        run: HookRun,
+        request: pb.CreateResponseRequest,
+        problems: Callable[[pb.CreateResponseRequest], list[str]],
+        first: pb.ModelCall,
+        pause: bool,
+    ) -> tuple[pb.CreateResponseRequest, Paused | ModelDecision | None]:
+        """`before_response`, and when one hook is at every point up to the first model call, that
+        call's pause check (when `pause`) and before-model hooks asked ahead in the same exchange:
+        their outcome (None when not asked, or when the request changed)."""
+        step = steps.BeforeResponse(request, problems)
+        points = (P.HOOK_POINT_BEFORE_RESPONSE, P.HOOK_POINT_PAUSE_CHECK, P.HOOK_POINT_BEFORE_MODEL)
+        if sum(1 for h in self.hooks if any(h.wants(p) for p in points)) != 1:
+            await self._plan(run, [step])
+            return step.request, None
+        check = steps.PauseCheck(before_tools=False, turn=0, ahead_of=step) if pause else None
+        model = steps.BeforeModel(first, turn=1, ahead_of=step)
+        await self._plan(run, [step, check, model] if check else [step, model])
+        if step.changed:
+            return step.request, None
+        if check is not None and check.reason is not None:
+            return step.request, Paused(check.reason)
+        return step.request, model.decision
+
     async def after_response(self, run: HookRun, response: pb.Response) -> None:
         """The audit point, then every held observation delivered: HookFailed when a fail-closed
         hook could not see them."""

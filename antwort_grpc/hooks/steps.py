@@ -102,6 +102,7 @@ class BeforeResponse(Step):
     ) -> None:
         self.request = request
         self.problems = problems
+        self.changed = False
 
     def ask(self, context: pb.HookContext) -> Message:
         return pb.BeforeResponseRequest(context=context, request=self.request)
@@ -120,6 +121,7 @@ class BeforeResponse(Step):
             raise HookRejected(hook, reply.reject_reason)
         if reply is not None and which == "request":
             self.request = self._replaced(reply)
+            self.changed = True
         return False
 
     def _replaced(self, reply: pb.BeforeResponseResponse) -> pb.CreateResponseRequest:
@@ -144,16 +146,19 @@ class Observe(Step):
 class PauseCheck(Step):
     point = P.HOOK_POINT_PAUSE_CHECK
 
-    def __init__(self, before_tools: bool, turn: int | None = None) -> None:
+    def __init__(self, before_tools: bool, turn: int | None = None, ahead_of: BeforeResponse | None = None) -> None:
         self.at = (
             pb.PauseCheckRequest.CHECK_POINT_BEFORE_TOOLS
             if before_tools
             else pb.PauseCheckRequest.CHECK_POINT_TURN_BOUNDARY
         )
         self.turn = turn
+        self.ahead_of = ahead_of
         self.reason: str | None = None
 
-    def ask(self, context: pb.HookContext) -> Message:
+    def ask(self, context: pb.HookContext) -> Message | None:
+        if self.ahead_of is not None and self.ahead_of.changed:
+            return None  # asked ahead of a request that is no more: asked again when it runs
         if self.turn is not None:
             context.turn = self.turn
         return pb.PauseCheckRequest(context=context, check_point=self.at)
@@ -169,12 +174,15 @@ class PauseCheck(Step):
 class BeforeModel(Step):
     point = P.HOOK_POINT_BEFORE_MODEL
 
-    def __init__(self, call: pb.ModelCall, turn: int | None = None) -> None:
+    def __init__(self, call: pb.ModelCall, turn: int | None = None, ahead_of: BeforeResponse | None = None) -> None:
         self.call = call
         self.turn = turn
+        self.ahead_of = ahead_of
         self.answer: list[pb.Item] | None = None
 
-    def ask(self, context: pb.HookContext) -> Message:
+    def ask(self, context: pb.HookContext) -> Message | None:
+        if self.ahead_of is not None and self.ahead_of.changed:
+            return None  # asked ahead of a request that is no more: asked again when it runs
         if self.turn is not None:
             context.turn = self.turn
         return pb.BeforeModelRequest(context=context, call=self.call)

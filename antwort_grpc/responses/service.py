@@ -18,7 +18,7 @@ from antwort_grpc.engine import Engine
 from antwort_grpc.engine.run import Run
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument, not_found
 from antwort_grpc.hooks.service import Caller
-from antwort_grpc.responses.admission import admit
+from antwort_grpc.responses.admission import hook_run
 from antwort_grpc.responses.controls import validate_control
 from antwort_grpc.responses.limits import DEFAULT_LIMITS, Limits
 from antwort_grpc.responses.validation import check_create, check_id, validate_create, validate_policy
@@ -54,11 +54,14 @@ class Responses:
         if violations:
             raise invalid_argument(violations)
 
-        def problems(replaced: pb.CreateResponseRequest) -> list[FieldViolation]:
-            return validate_create(replaced, self.limits) + validate_policy(replaced, server)
+        def problems(replaced: pb.CreateResponseRequest) -> list[str]:
+            found = validate_create(replaced, self.limits) + validate_policy(replaced, server)
+            return [f"{v.field}: {v.description}" for v in found]
 
-        request, hook_run = await admit(self.engine.config.hooks, request, caller or Caller(owner=owner), problems)
-        return await self.engine.start(request, owner=owner, timeout=timeout, controller=controller, hook_run=hook_run)
+        hooks = hook_run(self.engine.config.hooks, request, caller or Caller(owner=owner))
+        return await self.engine.start(
+            request, owner=owner, timeout=timeout, controller=controller, hook_run=hooks, problems=problems
+        )
 
     async def get(self, response_id: str, owner: str = "") -> pb.Response:
         _require_id(response_id)

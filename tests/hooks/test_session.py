@@ -15,9 +15,11 @@ import grpc
 import pytest
 
 from antwort_grpc import pb
-from antwort_grpc.hooks import PolicyHook
+from antwort_grpc.engine.governor import Governor
+from antwort_grpc.hooks import Dispatcher, LocalHook, PolicyHook
 from antwort_grpc.hooks.server import HookServicer
 from antwort_grpc.hooks.service import POINTS
+from antwort_grpc.providers.base import TurnRequest
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
 from tests.executors.remote_services import free_port, start_process, stop_process
 from tests.fakes import MockExecutor, echo
@@ -92,8 +94,8 @@ async def test_calls_that_follow_each_other_come_in_one_exchange() -> None:
         response = final(await gw.stream(tools_request()))
     assert response.status == S.RESPONSE_STATUS_COMPLETED
     assert service.exchanges == [
-        ["before_response"],
-        ["pause_check", "before_model"],
+        # The first model call's hooks are asked ahead, with the request's.
+        ["before_response", "pause_check", "before_model"],
         ["after_model", "pause_check", "approve_tool", "before_tool"],
         ["after_tool"],
         ["pause_check", "before_model"],
@@ -166,7 +168,7 @@ async def test_a_pause_ends_the_exchange_and_the_model_call_is_asked_after_the_r
     assert final(events).status == S.RESPONSE_STATUS_COMPLETED
     names = kinds(events)
     assert names.index("paused") < names.index("resumed") < len(names) - 1
-    assert service.exchanges[4:6] == [["pause_check", "before_model"], ["before_model"]], (
+    assert service.exchanges[3:5] == [["pause_check", "before_model"], ["before_model"]], (
         "the pause answered the exchange; the model call was asked on its own after the resume"
     )
     seen = [(s["point"], s.get("turn")) for s in read_record(str(record))]
@@ -195,6 +197,42 @@ async def test_a_call_denied_in_an_exchange_is_never_asked_before_tool(tmp_path:
     assert outputs[0].is_error and "destructive" in outputs[0].output and not outputs[1].is_error
 
 
+class ChangesTheRequest(Recorder):
+    name = "changes-the-request"
+
+    async def before_response(self, request: pb.BeforeResponseRequest) -> pb.BeforeResponseResponse:
+        await super().before_response(request)
+        changed = pb.CreateResponseRequest()
+        changed.CopyFrom(request.request)
+        changed.instructions = "Answer in French."
+        return pb.BeforeResponseResponse(request=changed)
+
+    async def before_model(self, request: pb.BeforeModelRequest) -> pb.BeforeModelResponse:
+        await super().before_model(request)
+        assert request.call.instructions == "Answer in French.", "never asked about the request that is no more"
+        return pb.BeforeModelResponse()
+
+
+async def test_a_changed_request_is_prepared_again_and_its_first_call_asked_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = tmp_path / "record.jsonl"
+    monkeypatch.setenv("HOOK_RECORD", str(record))
+    service = RecordingSession(ChangesTheRequest())
+    provider = ScriptedProvider([[Text("Bonjour.")]])
+    async with hook_server(service) as target, gateway_with(target, provider) as gw:
+        response = final(await gw.stream(user("hi")))
+    assert response.status == S.RESPONSE_STATUS_COMPLETED and response.metrics.hook_failures == 0
+    assert provider.requests[0].instructions == "Answer in French."
+    assert service.exchanges[:2] == [
+        ["before_response", "pause_check", "before_model"],
+        ["pause_check", "before_model"],
+    ]
+    seen = [s["point"] for s in read_record(str(record))]
+    assert seen[:3] == ["before_response", "pause_check", "before_model"], "each asked once"
+    assert read_record(str(record))[0]["response_id"] == response.id, "the response keeps the id the hook saw"
+
+
 class SkipsCalls(RecordingSession):
     """Answers every exchange with nothing at all: the hook's failure, not a silent pass."""
 
@@ -210,12 +248,12 @@ async def test_an_exchange_answered_with_nothing_is_the_hooks_failure() -> None:
         events = await gw.stream(user("hi"))
     assert final(events).status == S.RESPONSE_STATUS_COMPLETED
     failed = [e.hook_failed for e in events if e.WhichOneof("event") == "hook_failed"]
-    assert failed and "answered 0 of 1 calls" in failed[0].error
+    assert failed and failed[0].error == "it answered 0 of 3 calls"
     async with hook_server(SkipsCalls(Recorder())) as target, gateway_with(f"{target};failure=closed", provider) as gw:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await gw.stream(user("hi"))
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, "fail-closed before the response: it is refused"
-    assert "answered 0 of 1 calls" in (refused.value.details() or "")
+    assert "it answered 0 of 3 calls" in (refused.value.details() or "")
 
 
 async def test_hook_service_that_restarts_gets_a_new_session() -> None:
@@ -260,3 +298,39 @@ async def test_an_observation_that_fails_closed_fails_the_response() -> None:
         response = final(await gw.stream(user("hi")))
     assert response.status == S.RESPONSE_STATUS_FAILED and response.error.code == "hook_failed"
     assert "after_model" in response.error.message and "audit log unavailable" in response.error.message
+
+
+class CountsModelCalls(PolicyHook):
+    """Changes each model call's instructions to say how many times it was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    async def before_model(self, request: pb.BeforeModelRequest) -> pb.BeforeModelResponse:
+        self.asked.append(len(request.call.items))
+        return pb.BeforeModelResponse(change=pb.ModelCallChange(instructions=f"asked {len(self.asked)}"))
+
+
+async def test_a_first_call_asked_ahead_is_asked_again_when_its_context_changed() -> None:
+    hook = CountsModelCalls()
+    request = user("hi")
+    governor = Governor(request, hooks=Dispatcher([LocalHook(hook, 1.0, False)]))
+    first = TurnRequest(model="m", instructions="", items=[user_item("hi")], tools=[])
+    assert await governor.admit(request, lambda r: [], first) is request
+    assert hook.asked == [1], "asked ahead, with the request's own hooks"
+    unchanged = await governor.before_model(1, first, pause=True)
+    assert isinstance(unchanged, TurnRequest) and unchanged.instructions == "asked 1", "the answer kept"
+    assert hook.asked == [1]
+
+    governor = Governor(request, hooks=Dispatcher([LocalHook(hook, 1.0, False)]))
+    await governor.admit(request, lambda r: [], first)
+    steered = TurnRequest(model="m", instructions="", items=[user_item("hi"), user_item("in French")], tools=[])
+    decided = await governor.before_model(1, steered, pause=True)
+    assert isinstance(decided, TurnRequest) and decided.instructions == "asked 3"
+    assert hook.asked == [1, 1, 2], "a steering message came first: asked again, about the call made"
+
+
+def user_item(text: str) -> pb.Item:
+    return pb.Item(
+        message=pb.Message(role=pb.Role.ROLE_USER, content=[pb.ContentPart(input_text=pb.InputText(text=text))])
+    )
