@@ -218,6 +218,8 @@ class Engine:
         resumed = run.continuation
         if self.config.max_turns <= 0 or resumed.calls or resumed.outputs or resumed.handoff:
             return None
+        if run.governor.early_call_allowed:
+            return None  # no hook is asked before it
         return self._turn_request(run, 1)
 
     async def _prepare(
