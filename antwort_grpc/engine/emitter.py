@@ -136,7 +136,7 @@ class ResponseEmitter:
     def add_item(self, item: pb.Item) -> list[pb.StreamEvent]:
         """An item that arrives complete (non-streaming turns, tool outputs): added, then done."""
         if not item.id:
-            item.id = new_id(_PREFIX[item.WhichOneof("kind") or "message"])
+            item.id = new_item_id(item.WhichOneof("kind") or "message")
         item.status = Status.ITEM_STATUS_COMPLETED
         index = len(self.response.output)
         stored = self.response.output.add()
@@ -395,6 +395,11 @@ class ResponseEmitter:
                 item_id=item.id, output_index=index, call_id=call_id
             ),
         )
+
+
+def new_item_id(kind: str) -> str:
+    """A new id for an output item of this kind ("function_call_output": "fco_…")."""
+    return new_id(_PREFIX[kind])
 
 
 _PREFIX = {

@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 
 P = Point
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+# The next model call (its turn and request) as it will be with a given tool result, or None
+# when it is not certain there will be one.
+Following = Callable[[pb.FunctionCallOutput], "tuple[int, TurnRequest] | None"]
 
 
 class Governor:
@@ -71,8 +74,9 @@ class Governor:
         self.omitted = 0
         # Calls cancelled by their timeout (their tool event says so).
         self.timed_out: set[str] = set()
-        # The first model call's hooks, asked ahead with the before-response hooks.
-        self._ahead: tuple[pb.ModelCall, Paused | ModelDecision] | None = None
+        # The next model call's hooks, asked ahead (with the before-response hooks, or with the
+        # after-tool hooks of a turn's one call): its turn, the call asked about, the answer.
+        self._ahead: tuple[int, pb.ModelCall, Paused | ModelDecision] | None = None
         # Before-tool decisions asked ahead, with the approvals.
         self._decided: dict[str, ToolDecision] = {}
         # The first executed call that failed, when the failure mode is FAIL.
@@ -199,7 +203,7 @@ class Governor:
         call = _model_call(first)
         admitted, ahead = await self.hooks.admit(self.hook_run, request, problems, call, self.pauses)
         if ahead is not None:
-            self._ahead = (call, ahead)
+            self._ahead = (1, call, ahead)
         return admitted
 
     async def before_model(self, turn: int, request: TurnRequest, pause: bool) -> Paused | TurnRequest | Completion:
@@ -225,9 +229,9 @@ class Governor:
         """The answer asked ahead for this call, if it was this call that was asked about."""
         if self._ahead is None:
             return None
-        asked, decision = self._ahead
+        asked_turn, asked, decision = self._ahead
         self._ahead = None
-        if turn == 1 and asked == call:
+        if turn == asked_turn and asked == call:
             return decision
         return None
 
@@ -329,9 +333,13 @@ class Governor:
             kept.append(call)
         return kept, denied, approved
 
-    async def run_tool(self, call: pb.FunctionCall, route: Route, progress: ProgressSink) -> pb.FunctionCallOutput:
+    async def run_tool(
+        self, call: pb.FunctionCall, route: Route, progress: ProgressSink, following: Following | None = None
+    ) -> pb.FunctionCallOutput:
         """One server-side call: before-tool hooks, the executor within the call's timeout,
-        after-tool hooks; every failure an is_error output."""
+        after-tool hooks; every failure an is_error output. `following`: for a turn's one call,
+        the next model call as it will be with this result (its hooks are asked ahead, with the
+        after-tool hooks)."""
         result: pb.FunctionCallOutput | None = None
         decision = self._decided.pop(call.call_id, None)
         if decision is None and self.wants(P.HOOK_POINT_BEFORE_TOOL):
@@ -347,11 +355,27 @@ class Governor:
         seconds = time.perf_counter() - started
         result.call_id = call.call_id
         if self.wants(P.HOOK_POINT_AFTER_TOOL):
-            assert self.hooks is not None and self.hook_run is not None
-            result = await self.hooks.after_tool(self.hook_run, call, result)
+            fails = executed and result.is_error and self.fail_on_tool_error
+            result = await self._after_tool(call, result, None if fails else following)
         self.metrics.tool_call(call.name, seconds, is_error=result.is_error, timed_out=timed_out)
         if executed and result.is_error and self.fail_on_tool_error and self.failed_call is None:
             self.failed_call = (call, result)
+        return result
+
+    async def _after_tool(
+        self, call: pb.FunctionCall, result: pb.FunctionCallOutput, following: Following | None
+    ) -> pb.FunctionCallOutput:
+        assert self.hooks is not None and self.hook_run is not None
+        ahead = following(result) if following is not None else None
+        if ahead is None or not (self.pauses or self.wants(P.HOOK_POINT_BEFORE_MODEL)):
+            return await self.hooks.after_tool(self.hook_run, call, result)
+        turn, request = ahead
+        model_call = _model_call(request)
+        result, decided = await self.hooks.after_tool_ahead(
+            self.hook_run, call, result, model_call, turn - 1, self.pauses
+        )
+        if decided is not None:
+            self._ahead = (turn, model_call, decided)
         return result
 
     async def _execute(

@@ -23,7 +23,8 @@ import grpc
 
 from antwort_grpc import pb
 from antwort_grpc.engine import continuation, policy, state
-from antwort_grpc.engine.governor import Governor
+from antwort_grpc.engine.emitter import new_item_id
+from antwort_grpc.engine.governor import Following, Governor
 from antwort_grpc.engine.history import HISTORY_MAX_BYTES, History, load_history
 from antwort_grpc.engine.limits import ServerLimits
 from antwort_grpc.engine.outcomes import (
@@ -488,13 +489,13 @@ class Engine:
             return
         yield self._call_model(run, turn, decided)
 
-    def _turn_request(self, run: Run, turn: int) -> TurnRequest:
+    def _turn_request(self, run: Run, turn: int, context: Sequence[pb.Item] | None = None) -> TurnRequest:
         request = run.request
         choice = request.tool_choice if request.HasField("tool_choice") else None
         return TurnRequest(
             model=run.response.model,
             instructions=request.instructions,
-            items=run.governor.context(run.context, request.instructions),
+            items=run.governor.context(run.context if context is None else context, request.instructions),
             tools=run.tools.functions,
             tool_choice=policy.turn_tool_choice(choice, turn),
             parallel_tool_calls=run.response.parallel_tool_calls,
@@ -739,9 +740,11 @@ class Engine:
         results: dict[int, pb.FunctionCallOutput] = {}
         tasks: list[asyncio.Task[None]] = []
 
+        following = self._following(run, plan)
+
         async def one(position: int, call: pb.FunctionCall) -> None:
             route = run.tools.routes[call.name]
-            result = await run.governor.run_tool(call, route, lambda m: queue.put_nowait((position, m)))
+            result = await run.governor.run_tool(call, route, lambda m: queue.put_nowait((position, m)), following)
             queue.put_nowait((position, result))
 
         for position, call in enumerate(plan.calls):
@@ -776,23 +779,40 @@ class Engine:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         outputs = [results[p] for p in range(len(plan.calls)) if p in results]
-        by_call = {o.call_id: o for o in outputs + list(plan.rejected)}
-        # Model order: the order of the calls in the output, rejected ones included.
-        ordered = [
-            by_call.pop(i.function_call.call_id)
-            for i in run.response.output
-            if i.WhichOneof("kind") == "function_call" and i.function_call.call_id in by_call
-        ]
-        ordered += list(by_call.values())
-        for event in self._add_outputs(run, ordered):
+        for event in self._add_outputs(run, _in_model_order(run, outputs + list(plan.rejected))):
             yield event
+
+    def _following(self, run: Run, plan: ExecuteTools) -> Following | None:
+        """For a turn with one server-side call: the next model call as it will be if the call's
+        result stays as it is and nothing comes first (a stop, a pause, a steering message, a
+        limit), so that its hooks can be asked ahead, with the call's after-tool hooks."""
+        if len(plan.calls) != 1:
+            return None
+
+        def following(result: pb.FunctionCallOutput) -> tuple[int, TurnRequest] | None:
+            if run.reason or run.steer or run.pause_reason is not None:
+                return None
+            if run.governor.limit_reached(run.turn, run.response) is not None:
+                return None
+            items = []
+            for output in _in_model_order(run, [result, *plan.rejected]):
+                # Made as `_add_outputs` will make it, under the id it will have.
+                item_id = run.output_ids.setdefault(output.call_id, new_item_id("function_call_output"))
+                items.append(
+                    pb.Item(id=item_id, status=pb.ItemStatus.ITEM_STATUS_COMPLETED, function_call_output=output)
+                )
+            turn = run.turn + 1
+            return turn, self._turn_request(run, turn, run.context + items)
+
+        return following
 
     def _add_outputs(self, run: Run, outputs: Sequence[pb.FunctionCallOutput]) -> list[pb.StreamEvent]:
         emitter = run.emitter
         events: list[pb.StreamEvent] = []
         emitter.start_turn()
         for output in outputs:
-            events += emitter.add_item(pb.Item(function_call_output=output))
+            item_id = run.output_ids.pop(output.call_id, "")
+            events += emitter.add_item(pb.Item(id=item_id, function_call_output=output))
         run.context += emitter.turn_items
         return events
 
@@ -835,6 +855,17 @@ class Engine:
                     f"the response store is unavailable ({type(err).__name__}); nothing was started",
                     reason="store_unavailable",
                 ) from err
+
+
+def _in_model_order(run: Run, outputs: Sequence[pb.FunctionCallOutput]) -> list[pb.FunctionCallOutput]:
+    """The order of the calls in the response's output (outputs of no call there last)."""
+    by_call = {o.call_id: o for o in outputs}
+    ordered = [
+        by_call.pop(i.function_call.call_id)
+        for i in run.response.output
+        if i.WhichOneof("kind") == "function_call" and i.function_call.call_id in by_call
+    ]
+    return ordered + list(by_call.values())
 
 
 def _handed_out(outcome: FinalOutcome) -> tuple[list[pb.FunctionCall], list[pb.ApprovalRequest]]:

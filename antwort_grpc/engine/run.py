@@ -94,6 +94,9 @@ class Run:
         self.interrupting = False
         self.turn = 0
         self.round = 0
+        # Ids of output items made ahead (for the next model call's hooks asked ahead), by call id:
+        # the items added then are the same items.
+        self.output_ids: dict[str, str] = {}
         # The inbox.
         self.steer: list[pb.Item] = []
         self.follow_ups: list[list[pb.Item]] = []

@@ -149,22 +149,51 @@ class Dispatcher:
         first: pb.ModelCall,
         pause: bool,
     ) -> tuple[pb.CreateResponseRequest, Paused | ModelDecision | None]:
-        """`before_response`, and when one hook is at every point up to the first model call, that
-        call's pause check (when `pause`) and before-model hooks asked ahead in the same exchange:
-        their outcome (None when not asked, or when the request changed)."""
+        """`before_response`, with the first model call's hooks asked ahead (see `_ahead`)."""
         step = steps.BeforeResponse(request, problems)
-        points = (P.HOOK_POINT_BEFORE_RESPONSE, P.HOOK_POINT_PAUSE_CHECK, P.HOOK_POINT_BEFORE_MODEL)
-        if sum(1 for h in self.hooks if any(h.wants(p) for p in points)) != 1:
+        if not self._one_at(step.point):
             await self._plan(run, [step])
             return step.request, None
-        check = steps.PauseCheck(before_tools=False, turn=0, ahead_of=step) if pause else None
-        model = steps.BeforeModel(first, turn=1, ahead_of=step)
-        await self._plan(run, [step, check, model] if check else [step, model])
+        ahead = await self._ahead(run, step, first, 0, pause)
+        return step.request, ahead
+
+    async def after_tool_ahead(
+        self,
+        run: HookRun,
+        call: pb.FunctionCall,
+        result: pb.FunctionCallOutput,
+        following: pb.ModelCall,
+        turn: int,
+        pause: bool,
+    ) -> tuple[pb.FunctionCallOutput, Paused | ModelDecision | None]:
+        """`after_tool`, with the next model call's hooks asked ahead (see `_ahead`): `following`
+        is that call as it will be if the result stays as it is; `turn` the turn that ends."""
+        step = steps.AfterTool(call, result)
+        if not self._one_at(step.point):
+            await self._plan(run, [step], tool_point=True)
+            return step.result, None
+        ahead = await self._ahead(run, step, following, turn, pause, tool_point=True)
+        return step.result, ahead
+
+    def _one_at(self, point: int) -> bool:
+        """Whether one hook is at `point` and every point up to the model call after it."""
+        points = (point, P.HOOK_POINT_PAUSE_CHECK, P.HOOK_POINT_BEFORE_MODEL)
+        return sum(1 for h in self.hooks if any(h.wants(p) for p in points)) == 1
+
+    async def _ahead(
+        self, run: HookRun, step: Step, call: pb.ModelCall, turn: int, pause: bool, tool_point: bool = False
+    ) -> Paused | ModelDecision | None:
+        """`step`, then the pause check at the boundary after `turn` (when `pause`) and the next
+        model call's hooks in the same exchange, unless the step's answer changed what that call
+        was built from. Their outcome; None when they were not asked."""
+        check = steps.PauseCheck(before_tools=False, turn=turn, ahead_of=step) if pause else None
+        model = steps.BeforeModel(call, turn=turn + 1, ahead_of=step)
+        await self._plan(run, [step, check, model] if check else [step, model], tool_point)
         if step.changed:
-            return step.request, None
+            return None
         if check is not None and check.reason is not None:
-            return step.request, Paused(check.reason)
-        return step.request, model.decision
+            return Paused(check.reason)
+        return model.decision
 
     async def after_response(self, run: HookRun, response: pb.Response) -> None:
         """The audit point, then every held observation delivered: HookFailed when a fail-closed

@@ -79,6 +79,8 @@ class Approval:
 class Step:
     point: int
     call_id: str = ""
+    # The answer changed what the steps asked ahead of it were built from.
+    changed: bool = False
 
     def ask(self, context: pb.HookContext) -> Message | None:
         raise NotImplementedError
@@ -102,7 +104,6 @@ class BeforeResponse(Step):
     ) -> None:
         self.request = request
         self.problems = problems
-        self.changed = False
 
     def ask(self, context: pb.HookContext) -> Message:
         return pb.BeforeResponseRequest(context=context, request=self.request)
@@ -146,7 +147,7 @@ class Observe(Step):
 class PauseCheck(Step):
     point = P.HOOK_POINT_PAUSE_CHECK
 
-    def __init__(self, before_tools: bool, turn: int | None = None, ahead_of: BeforeResponse | None = None) -> None:
+    def __init__(self, before_tools: bool, turn: int | None = None, ahead_of: Step | None = None) -> None:
         self.at = (
             pb.PauseCheckRequest.CHECK_POINT_BEFORE_TOOLS
             if before_tools
@@ -158,7 +159,7 @@ class PauseCheck(Step):
 
     def ask(self, context: pb.HookContext) -> Message | None:
         if self.ahead_of is not None and self.ahead_of.changed:
-            return None  # asked ahead of a request that is no more: asked again when it runs
+            return None  # asked ahead of what is no more: asked again when it comes
         if self.turn is not None:
             context.turn = self.turn
         return pb.PauseCheckRequest(context=context, check_point=self.at)
@@ -174,7 +175,7 @@ class PauseCheck(Step):
 class BeforeModel(Step):
     point = P.HOOK_POINT_BEFORE_MODEL
 
-    def __init__(self, call: pb.ModelCall, turn: int | None = None, ahead_of: BeforeResponse | None = None) -> None:
+    def __init__(self, call: pb.ModelCall, turn: int | None = None, ahead_of: Step | None = None) -> None:
         self.call = call
         self.turn = turn
         self.ahead_of = ahead_of
@@ -182,7 +183,7 @@ class BeforeModel(Step):
 
     def ask(self, context: pb.HookContext) -> Message | None:
         if self.ahead_of is not None and self.ahead_of.changed:
-            return None  # asked ahead of a request that is no more: asked again when it runs
+            return None  # asked ahead of what is no more: asked again when it comes
         if self.turn is not None:
             context.turn = self.turn
         return pb.BeforeModelRequest(context=context, call=self.call)
@@ -325,12 +326,13 @@ class AfterTool(Step):
             self.result = pb.FunctionCallOutput()
             self.result.CopyFrom(reply.result)
             self.result.call_id = self.call.call_id
+            self.changed = True
         return False
 
     def fail_closed(self, failure: HookFailure) -> bool:
         # The result may hold what the hook was there to keep from the model.
         self.result = error_output(self.call, f"result withheld: {failure.describe()}")
-        self.withheld = True
+        self.withheld = self.changed = True
         return False
 
 

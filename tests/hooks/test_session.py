@@ -97,8 +97,8 @@ async def test_calls_that_follow_each_other_come_in_one_exchange() -> None:
         # The first model call's hooks are asked ahead, with the request's.
         ["before_response", "pause_check", "before_model"],
         ["after_model", "pause_check", "approve_tool", "before_tool"],
-        ["after_tool"],
-        ["pause_check", "before_model"],
+        # The turn's one call: the next model call's hooks are asked ahead, with its result's.
+        ["after_tool", "pause_check", "before_model"],
         ["after_model", "after_response"],
     ]
     assert service.unary == [], "a service with Session gets no unary call"
@@ -168,7 +168,7 @@ async def test_a_pause_ends_the_exchange_and_the_model_call_is_asked_after_the_r
     assert final(events).status == S.RESPONSE_STATUS_COMPLETED
     names = kinds(events)
     assert names.index("paused") < names.index("resumed") < len(names) - 1
-    assert service.exchanges[3:5] == [["pause_check", "before_model"], ["before_model"]], (
+    assert service.exchanges[2:4] == [["after_tool", "pause_check", "before_model"], ["before_model"]], (
         "the pause answered the exchange; the model call was asked on its own after the resume"
     )
     seen = [(s["point"], s.get("turn")) for s in read_record(str(record))]
@@ -231,6 +231,31 @@ async def test_a_changed_request_is_prepared_again_and_its_first_call_asked_then
     seen = [s["point"] for s in read_record(str(record))]
     assert seen[:3] == ["before_response", "pause_check", "before_model"], "each asked once"
     assert read_record(str(record))[0]["response_id"] == response.id, "the response keeps the id the hook saw"
+
+
+class BracketsResults(Recorder):
+    name = "brackets-results"
+
+    async def after_tool(self, request: pb.AfterToolRequest) -> pb.AfterToolResponse:
+        await super().after_tool(request)
+        return pb.AfterToolResponse(result=pb.FunctionCallOutput(output=f"[{request.result.output}]"))
+
+    async def before_model(self, request: pb.BeforeModelRequest) -> pb.BeforeModelResponse:
+        await super().before_model(request)
+        outputs = [i.function_call_output.output for i in request.call.items if i.HasField("function_call_output")]
+        assert all(o.startswith("[") for o in outputs), "never asked about a result that is no more"
+        return pb.BeforeModelResponse()
+
+
+async def test_a_changed_result_has_the_next_model_call_asked_about_at_its_boundary() -> None:
+    service = RecordingSession(BracketsResults())
+    provider = lookup_then_answer()
+    async with hook_server(service) as target, gateway_with(target, provider) as gw:
+        response = final(await gw.stream(tools_request()))
+    assert response.status == S.RESPONSE_STATUS_COMPLETED and response.metrics.hook_failures == 0
+    assert service.exchanges[2:4] == [["after_tool", "pause_check", "before_model"], ["pause_check", "before_model"]]
+    [output] = [i.function_call_output for i in provider.requests[1].items if i.HasField("function_call_output")]
+    assert output.output.startswith("[")
 
 
 class SkipsCalls(RecordingSession):
