@@ -104,11 +104,24 @@ class Governor:
         return self.hooks is not None and self.hooks.wants(point)
 
     @property
-    def early_call_allowed(self) -> bool:
-        """Whether the first model call may start before anything else (no hook must see it first)."""
-        return self.hooks is None or not (
+    def asked_before_model(self) -> bool:
+        """Whether hooks are asked before a model call (a pause check or before-model hooks)."""
+        return self.hooks is not None and (
             self.hooks.wants(P.HOOK_POINT_BEFORE_MODEL) or self.hooks.wants(P.HOOK_POINT_PAUSE_CHECK)
         )
+
+    def early(self, request: TurnRequest) -> TurnRequest | None:
+        """The first model call, if it may start before anything else: no hook is asked before
+        it, or they were asked ahead about this very call and neither paused nor answered it."""
+        if not self.asked_before_model:
+            return request
+        if self._ahead is None or self._ahead[0] != 1:
+            return None
+        decision = self._ahead[2]
+        if isinstance(decision, Paused) or decision.answer is not None or self._ahead[1] != _model_call(request):
+            return None
+        self._ahead = None
+        return _apply(request, decision.call)
 
     def hook_events(self, emitter: ResponseEmitter) -> list[pb.StreamEvent]:
         """`hook_failed` events for the fail-open failures since the last call; HookFailed when a

@@ -219,8 +219,8 @@ class Engine:
         resumed = run.continuation
         if self.config.max_turns <= 0 or resumed.calls or resumed.outputs or resumed.handoff:
             return None
-        if run.governor.early_call_allowed:
-            return None  # no hook is asked before it
+        if not run.governor.asked_before_model:
+            return None
         return self._turn_request(run, 1)
 
     async def _prepare(
@@ -281,10 +281,11 @@ class Engine:
                 run.request.stream
                 and self.config.max_turns > 0
                 and not (resumed.calls or resumed.outputs or resumed.handoff)
-                and run.governor.early_call_allowed
             ):
                 # The model is asked now: its round trip overlaps the writes of the two events below.
-                run.early = self._call_model(run, 1)
+                first = run.governor.early(self._turn_request(run, 1))
+                if first is not None:
+                    run.early = self._call_model(run, 1, first)
             yield emitter.created()
             yield emitter.in_progress()
             for event in run.governor.hook_events(emitter):
