@@ -1,5 +1,6 @@
 """A HookService subscribed to every point that changes nothing, `python -m bench.hook`: the
-cost of hooks themselves (a gRPC round trip per point), not of any policy. Prints `READY <port>`.
+cost of hooks themselves (the gateway's exchanges with it over its Session stream), not of any
+policy. Prints `READY <port>`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ turn, against the same gateway without hooks, measured side by side (interleaved
 
 The model calls one server-side tool that returns at once and then answers: two turns per
 response, each turn passing every point (pause check, before/after model, before/approve/after
-tool), plus before/after response once per response. A third gateway runs the same hook
+tool), plus before/after response once per response: 12 calls, which the gateway groups into 4
+exchanges on the hook service's Session stream. A third gateway runs the same hook
 in-process (`--hook bench.hook:EveryPoint`): the dispatcher's own cost, without the round trips.
 """
 
