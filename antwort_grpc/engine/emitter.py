@@ -14,6 +14,15 @@ from antwort_grpc import pb
 from antwort_grpc.ids import new_id
 
 Status = pb.ItemStatus
+# Plain ints: a protobuf enum attribute lookup is a Python-level call, and these are read per item.
+COMPLETED = Status.ITEM_STATUS_COMPLETED
+IN_PROGRESS = Status.ITEM_STATUS_IN_PROGRESS
+ASSISTANT = pb.Role.ROLE_ASSISTANT
+_S = pb.ResponseStatus
+RESPONSE_COMPLETED: int = _S.RESPONSE_STATUS_COMPLETED
+RESPONSE_REQUIRES_ACTION: int = _S.RESPONSE_STATUS_REQUIRES_ACTION
+RESPONSE_INCOMPLETE: int = _S.RESPONSE_STATUS_INCOMPLETE
+RESPONSE_CANCELLED: int = _S.RESPONSE_STATUS_CANCELLED
 
 
 @dataclass(slots=True)
@@ -78,19 +87,18 @@ class ResponseEmitter:
         """The one terminal event, chosen by the response's (final) status."""
         seq = self._next()
         status = self.response.status
-        S = pb.ResponseStatus
-        if status == S.RESPONSE_STATUS_COMPLETED:
+        if status == RESPONSE_COMPLETED:
             return pb.StreamEvent(sequence_number=seq, completed=pb.ResponseCompletedEvent(response=self.response))
-        if status == S.RESPONSE_STATUS_REQUIRES_ACTION:
+        if status == RESPONSE_REQUIRES_ACTION:
             return pb.StreamEvent(
                 sequence_number=seq,
                 requires_action=pb.ResponseRequiresActionEvent(
                     response=self.response, tool_calls=tool_calls or [], approval_requests=approvals or []
                 ),
             )
-        if status == S.RESPONSE_STATUS_INCOMPLETE:
+        if status == RESPONSE_INCOMPLETE:
             return pb.StreamEvent(sequence_number=seq, incomplete=pb.ResponseIncompleteEvent(response=self.response))
-        if status == S.RESPONSE_STATUS_CANCELLED:
+        if status == RESPONSE_CANCELLED:
             return pb.StreamEvent(sequence_number=seq, cancelled=pb.ResponseCancelledEvent(response=self.response))
         return pb.StreamEvent(sequence_number=seq, failed=pb.ResponseFailedEvent(response=self.response))
 
@@ -107,8 +115,10 @@ class ResponseEmitter:
 
     def turn_completed(self, turn: int, seconds: float) -> pb.StreamEvent:
         event = pb.StreamEvent(sequence_number=self._next())
-        event.turn_completed.turn = turn
-        event.turn_completed.duration.FromNanoseconds(int(seconds * 1e9))
+        completed = event.turn_completed
+        completed.turn = turn
+        # Duration.FromNanoseconds is pure Python and shows in profiles; this is the same.
+        completed.duration.seconds, completed.duration.nanos = divmod(int(seconds * 1e9), 1_000_000_000)
         return event
 
     def approval_requested(self, requests: list[pb.ApprovalRequest]) -> pb.StreamEvent:
@@ -137,7 +147,7 @@ class ResponseEmitter:
         """An item that arrives complete (non-streaming turns, tool outputs): added, then done."""
         if not item.id:
             item.id = new_item_id(item.WhichOneof("kind") or "message")
-        item.status = Status.ITEM_STATUS_COMPLETED
+        item.status = COMPLETED
         index = len(self.response.output)
         stored = self.response.output.add()
         stored.CopyFrom(item)
@@ -157,7 +167,7 @@ class ResponseEmitter:
         index = len(self.response.output)
         item = self.response.output.add()
         item.id = new_id(prefix)
-        item.status = Status.ITEM_STATUS_IN_PROGRESS
+        item.status = IN_PROGRESS
         return item, index
 
     # -- streamed deltas -----------------------------------------------------------------------
@@ -165,11 +175,11 @@ class ResponseEmitter:
     def on_text(self, text: str, kind: str = "output_text") -> list[pb.StreamEvent]:
         events: list[pb.StreamEvent] = []
         if self._reasoning is not None:
-            events += self._close_reasoning(Status.ITEM_STATUS_COMPLETED)
+            events += self._close_reasoning(COMPLETED)
         msg = self._message
         if msg is None:
             item, index = self._open("msg")
-            item.message.role = pb.Role.ROLE_ASSISTANT
+            item.message.role = ASSISTANT
             msg = self._message = _OpenMessage(item, index, item.id)
             events.append(
                 pb.StreamEvent(
@@ -233,8 +243,8 @@ class ResponseEmitter:
         events: list[pb.StreamEvent] = []
         call = self._calls.get(index)
         if call is None:
-            events += self._close_message(Status.ITEM_STATUS_COMPLETED)
-            events += self._close_reasoning(Status.ITEM_STATUS_COMPLETED)
+            events += self._close_message(COMPLETED)
+            events += self._close_reasoning(COMPLETED)
             item, out_index = self._open("fc")
             item.function_call.call_id = call_id or new_id("call")
             item.function_call.name = name or ""
@@ -257,7 +267,7 @@ class ResponseEmitter:
             events.append(event)
         return events
 
-    def close_turn(self, status: int = Status.ITEM_STATUS_COMPLETED) -> list[pb.StreamEvent]:
+    def close_turn(self, status: int = COMPLETED) -> list[pb.StreamEvent]:
         """Close every open item (in output order). INCOMPLETE keeps partial content."""
         pending: list[tuple[int, str]] = []
         if self._message is not None:

@@ -50,6 +50,9 @@ CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 # The next model call (its turn and request) as it will be with a given tool result, or None
 # when it is not certain there will be one.
 Following = Callable[[pb.FunctionCallOutput], "tuple[int, TurnRequest] | None"]
+# Plain ints: a protobuf enum attribute lookup is a Python-level call, and these are read per run.
+FAIL: int = pb.ToolFailureMode.TOOL_FAILURE_MODE_FAIL
+AUTO: int = pb.Truncation.TRUNCATION_AUTO
 
 
 class Governor:
@@ -64,9 +67,10 @@ class Governor:
         self.request = request
         self.limits: RunLimits = run_limits(request, server)
         self._timeouts: ToolTimeouts | None = None
-        self.fail_on_tool_error = request.tool_failure_mode == pb.ToolFailureMode.TOOL_FAILURE_MODE_FAIL
-        self.truncate = request.truncation == pb.Truncation.TRUNCATION_AUTO
-        self.window_limits = server.context
+        self.fail_on_tool_error = request.tool_failure_mode == FAIL
+        self.truncate = request.truncation == AUTO
+        # Only truncation AUTO looks at the window.
+        self.window_limits = server.context if self.truncate else windows.UNLIMITED
         self.hooks = hooks if hooks is not None and hooks.hooks else None
         self.hook_run = hook_run or (HookRun(Caller(), pb.HookContext()) if self.hooks else None)
         self.metrics = RunRecorder()

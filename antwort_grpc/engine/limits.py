@@ -3,6 +3,7 @@ from its request and the server's maximums. Pure: no I/O, tested with tables."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -49,7 +50,7 @@ def seconds(duration: Duration) -> float:
 def run_limits(request: pb.CreateResponseRequest, server: ServerLimits) -> RunLimits:
     """The request's limits where it sets them, else the server's (validation keeps them within)."""
     if not request.HasField("limits"):
-        return RunLimits(server.max_turns, server.max_tool_calls, server.max_duration, server.max_output_tokens)
+        return server_defaults(server)
     asked = request.limits
     return RunLimits(
         max_turns=asked.max_turns if asked.HasField("max_turns") else server.max_turns,
@@ -57,6 +58,12 @@ def run_limits(request: pb.CreateResponseRequest, server: ServerLimits) -> RunLi
         max_duration=seconds(asked.max_duration) if asked.HasField("max_duration") else server.max_duration,
         max_output_tokens=asked.max_output_tokens if asked.HasField("max_output_tokens") else server.max_output_tokens,
     )
+
+
+@functools.lru_cache(maxsize=8)
+def server_defaults(server: ServerLimits) -> RunLimits:
+    """The limits of a request that sets none: one shared value per server."""
+    return RunLimits(server.max_turns, server.max_tool_calls, server.max_duration, server.max_output_tokens)
 
 
 def tool_calls_exceed(limits: RunLimits, done: int, planned: int) -> bool:

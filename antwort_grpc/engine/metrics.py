@@ -63,9 +63,10 @@ class RunRecorder:
         metrics.Clear()
         metrics.turns = self.turns
         metrics.model_calls = self.model_calls
-        metrics.tool_calls = self.tool_calls
-        metrics.tool_errors = sum(t.errors for t in self.tools.values())
-        metrics.tool_timeouts = sum(t.timeouts for t in self.tools.values())
+        if self.tools:
+            metrics.tool_calls = self.tool_calls
+            metrics.tool_errors = sum(t.errors for t in self.tools.values())
+            metrics.tool_timeouts = sum(t.timeouts for t in self.tools.values())
         _set(metrics.model_time, self.model_seconds)
         _set(metrics.tool_time, self.tool_seconds)
         _set(metrics.hook_time, self.hook_seconds)
@@ -77,8 +78,9 @@ class RunRecorder:
             _set(entry.time, tool.seconds)
             _set(entry.max_time, tool.longest)
         for turn, (input_tokens, output_tokens, total_tokens), seconds, by_hook in self.turn_metrics:
-            usage = pb.Usage(input_tokens=input_tokens, output_tokens=output_tokens, total_tokens=total_tokens)
-            call = metrics.turn_metrics.add(turn=turn, answered_by_hook=by_hook, usage=usage)
+            call = metrics.turn_metrics.add(turn=turn, answered_by_hook=by_hook)
+            usage = call.usage
+            usage.input_tokens, usage.output_tokens, usage.total_tokens = input_tokens, output_tokens, total_tokens
             _set(call.model_time, seconds)
 
 

@@ -35,8 +35,12 @@ class ToolSet:
 LOOKUP_CONCURRENCY = 16
 
 
+# A plain int: a protobuf enum attribute lookup is a Python-level call, made per request here.
+CLIENT: int = pb.ToolKind.TOOL_KIND_FUNCTION
+
+
 def is_server_side(executor: ToolExecutor) -> bool:
-    return bool(executor.kind != pb.ToolKind.TOOL_KIND_FUNCTION)
+    return bool(executor.kind != CLIENT)
 
 
 async def resolve_tools(tools: Sequence[pb.Tool], executors: Sequence[ToolExecutor]) -> ToolSet:

@@ -40,6 +40,9 @@ class WindowLimits:
         return self.max_items is None and self.max_tokens is None
 
 
+UNLIMITED = WindowLimits()
+
+
 @dataclass(frozen=True, slots=True)
 class Window:
     items: list[pb.Item]

@@ -12,6 +12,9 @@ from typing import Protocol, runtime_checkable
 
 from antwort_grpc import pb
 
+# A plain int: a protobuf enum attribute lookup is a Python-level call, made per request.
+_FUNCTION: int = pb.ToolKind.TOOL_KIND_FUNCTION
+
 # Executors report progress of a running call as short text messages.
 ProgressSink = Callable[[str], None]
 
@@ -58,7 +61,7 @@ class FunctionExecutor:
 
     @property
     def kind(self) -> int:
-        return pb.ToolKind.TOOL_KIND_FUNCTION
+        return _FUNCTION
 
     async def can_execute(self, tool: pb.Tool) -> bool:
         return bool(tool.WhichOneof("kind") == "function")
