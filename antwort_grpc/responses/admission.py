@@ -8,10 +8,12 @@ from antwort_grpc.hooks.dispatch import Dispatcher, HookRun
 from antwort_grpc.hooks.service import Caller
 
 
-def hook_run(hooks: Dispatcher | None, request: pb.CreateResponseRequest, caller: Caller) -> HookRun | None:
-    """The hooks' side of the run (None without hooks)."""
+def hook_run(
+    hooks: Dispatcher | None, request: pb.CreateResponseRequest, caller: Caller | None, owner: str
+) -> HookRun | None:
+    """The hooks' side of the run (None without hooks). `caller` None: only the owner is known."""
     if hooks is None or not hooks.hooks:
         return None
     context = pb.HookContext(model=request.model, previous_response_id=request.previous_response_id)
     context.metadata.update(request.metadata)
-    return HookRun(caller, context)
+    return HookRun(caller or Caller(owner=owner), context)

@@ -38,6 +38,11 @@ class Responses:
         self.store = store
         self.limits = limits
 
+    @property
+    def hooked(self) -> bool:
+        """Whether hooks are configured (only they need to know who calls, beyond the owner)."""
+        return self.engine.config.hooks is not None
+
     async def create(
         self,
         request: pb.CreateResponseRequest,
@@ -58,7 +63,7 @@ class Responses:
             found = validate_create(replaced, self.limits) + validate_policy(replaced, server)
             return [f"{v.field}: {v.description}" for v in found]
 
-        hooks = hook_run(self.engine.config.hooks, request, caller or Caller(owner=owner))
+        hooks = hook_run(self.engine.config.hooks, request, caller, owner)
         return await self.engine.start(
             request, owner=owner, timeout=timeout, controller=controller, hook_run=hooks, problems=problems
         )

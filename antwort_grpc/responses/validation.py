@@ -195,6 +195,9 @@ def check_item(item: pb.Item, at: str, v: list[FieldViolation]) -> None:
 
 # Without a server maximum, a longer limit than this is a mistake, not a wish.
 LONGEST_DURATION = 24 * 3600.0
+# Read once: an enum's values() is a Python-level walk over its descriptor.
+_FAILURE_MODES = frozenset(pb.ToolFailureMode.values())
+_TRUNCATIONS = frozenset(pb.Truncation.values())
 
 
 def validate_policy(request: pb.CreateResponseRequest, server: ServerLimits) -> list[FieldViolation]:
@@ -209,9 +212,9 @@ def validate_policy(request: pb.CreateResponseRequest, server: ServerLimits) -> 
         if not _NAME.match(name):
             v.append(FieldViolation(at, "keys are tool names: 1-64 characters of a-z, A-Z, 0-9, _ and -"))
         _check_duration(timeout, at, server.max_tool_timeout, v)
-    if request.tool_failure_mode not in pb.ToolFailureMode.values():
+    if request.tool_failure_mode not in _FAILURE_MODES:
         v.append(FieldViolation("tool_failure_mode", f"unknown value {request.tool_failure_mode}"))
-    if request.truncation not in pb.Truncation.values():
+    if request.truncation not in _TRUNCATIONS:
         v.append(FieldViolation("truncation", f"unknown value {request.truncation}"))
     return v
 

@@ -46,8 +46,9 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
         self, request: pb.CreateResponseRequest, context: Context
     ) -> AsyncIterator[pb.CreateResponseResponse]:
         try:
+            caller = caller_of(context) if self.responses.hooked else None
             run = await self.responses.create(
-                request, owner=owner_of(context), timeout=context.time_remaining(), caller=caller_of(context)
+                request, owner=owner_of(context), timeout=context.time_remaining(), caller=caller
             )
         except RequestError as err:
             await abort(context, err)
