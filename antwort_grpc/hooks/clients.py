@@ -197,7 +197,7 @@ class RemoteHook:
         metadata = _metadata(caller)
         if self._session is not None:
             try:
-                return await self._session.exchange(calls, _caller(metadata))
+                return await self._session.exchange(calls, _caller(metadata), self.timeout * len(calls))
             except SessionUnimplemented:
                 # It said it has Session, but has not: one RPC per call from now on.
                 log.warning("hook service %s does not implement Session after all", self.name)

@@ -70,7 +70,13 @@ class HookServicer(pb.HookServiceServicer):
                 reply.error = "a call names no point"
                 return reply
             calls.append(getattr(call, which))
-        exchange = await evaluate(self.hook, calls)
+        try:
+            # Past the gateway's timeout nobody waits for the answer.
+            async with asyncio.timeout(request.timeout.ToNanoseconds() / 1e9 if request.HasField("timeout") else None):
+                exchange = await evaluate(self.hook, calls)
+        except TimeoutError:
+            reply.error = "the gateway's timeout passed"
+            return reply
         for asked, answer in zip(calls, exchange.answers, strict=False):
             spec = POINTS[POINT_OF[type(asked)]]
             if not isinstance(answer, spec.reply):

@@ -37,13 +37,14 @@ class SessionClient:
         self._writing = asyncio.Lock()
         self._ids = itertools.count(1)
 
-    async def exchange(self, calls: Sequence[Message], caller: pb.HookCaller) -> Exchange:
+    async def exchange(self, calls: Sequence[Message], caller: pb.HookCaller, timeout: float) -> Exchange:
         stream = self._stream or self._open()
         exchange_id = next(self._ids)
         answered: asyncio.Future[pb.SessionResponse] = asyncio.get_running_loop().create_future()
         stream.waiting[exchange_id] = answered
         try:
             request = pb.SessionRequest(exchange_id=exchange_id, caller=caller)
+            request.timeout.FromNanoseconds(int(timeout * 1e9))
             for call in calls:
                 getattr(request.calls.add(), POINTS[POINT_OF[type(call)]].method).CopyFrom(call)
             try:

@@ -359,3 +359,33 @@ def user_item(text: str) -> pb.Item:
     return pb.Item(
         message=pb.Message(role=pb.Role.ROLE_USER, content=[pb.ContentPart(input_text=pb.InputText(text=text))])
     )
+
+
+class WaitsForever(PolicyHook):
+    name = "waits-forever"
+
+    def __init__(self) -> None:
+        self.given_up = asyncio.Event()
+
+    async def before_model(self, request: pb.BeforeModelRequest) -> pb.BeforeModelResponse:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.given_up.set()
+            raise
+        raise AssertionError("unreachable")
+
+
+async def test_a_service_gives_up_an_exchange_when_the_gateways_timeout_passed() -> None:
+    hook = WaitsForever()
+    provider = ScriptedProvider([[Text("Hi.")]])
+    async with (
+        hook_server(HookServicer(hook)) as target,
+        gateway_with(f"{target};failure=open;timeout=0.3", provider) as gw,
+    ):
+        events = await gw.stream(user("hi"))
+        async with asyncio.timeout(10):
+            await hook.given_up.wait()  # the exchange carried the timeout: no task left hanging
+    assert final(events).status == S.RESPONSE_STATUS_COMPLETED
+    [failed] = [e.hook_failed for e in events if e.WhichOneof("event") == "hook_failed"]
+    assert failed.point == P.HOOK_POINT_BEFORE_MODEL and "no answer within 0.3s" in failed.error
