@@ -23,7 +23,16 @@ import grpc
 from google.protobuf.message import Message
 
 from antwort_grpc import pb
-from antwort_grpc.hooks.service import POINT_OF, POINTS, Caller, Exchange, PolicyHook, current_caller, evaluate
+from antwort_grpc.hooks.service import (
+    MAX_MESSAGE_BYTES,
+    POINT_OF,
+    POINTS,
+    Caller,
+    Exchange,
+    PolicyHook,
+    current_caller,
+    evaluate,
+)
 from antwort_grpc.hooks.session import SessionClient, SessionUnimplemented
 from antwort_grpc.observability import tracing
 
@@ -34,6 +43,8 @@ ALL_POINTS: frozenset[int] = frozenset(POINTS)
 _CLASS_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _SCHEMES = {"dns", "unix", "unix-abstract", "ipv4", "ipv6", "vsock"}
 _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.initial_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.enable_retries", 0),

@@ -17,7 +17,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from antwort_grpc import pb
-from antwort_grpc.hooks.service import POINT_OF, POINTS, Caller, PolicyHook, current_caller, evaluate
+from antwort_grpc.hooks.service import MAX_MESSAGE_BYTES, POINT_OF, POINTS, Caller, PolicyHook, current_caller, evaluate
 
 log = logging.getLogger(__name__)
 
@@ -120,11 +120,18 @@ class HookServer:
         await self.hook.close()
 
 
-async def serve_hook(hook: PolicyHook, listen: str = "127.0.0.1:0") -> HookServer:
-    """Start a grpc.aio server for the hook; port 0 picks a free one (see `.port`)."""
+async def serve_hook(hook: PolicyHook, listen: str = "127.0.0.1:0", servicer: HookServicer | None = None) -> HookServer:
+    """Start a grpc.aio server for the hook; port 0 picks a free one (see `.port`). `servicer`:
+    a HookServicer (subclass) of `hook` to serve instead of the plain one."""
     await hook.start()
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    pb.add_HookServiceServicer_to_server(HookServicer(hook), server)
+    server = grpc.aio.server(
+        options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+    )
+    pb.add_HookServiceServicer_to_server(servicer or HookServicer(hook), server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(

@@ -68,6 +68,8 @@ POINTS: dict[int, PointSpec] = {
     P.HOOK_POINT_APPROVE_TOOL: PointSpec("approve_tool", "ApproveTool", pb.ApproveToolRequest, pb.ApproveToolResponse),
     P.HOOK_POINT_PAUSE_CHECK: PointSpec("pause_check", "PauseCheck", pb.PauseCheckRequest, pb.PauseCheckResponse),
 }
+# One message may carry a whole request and a whole context (each up to tens of MiB).
+MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 # The point of a request, by its type.
 POINT_OF: dict[type[Message], int] = {spec.request: point for point, spec in POINTS.items()}
 

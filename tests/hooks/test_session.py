@@ -17,7 +17,7 @@ import pytest
 from antwort_grpc import pb
 from antwort_grpc.engine.governor import Governor
 from antwort_grpc.hooks import Dispatcher, LocalHook, PolicyHook
-from antwort_grpc.hooks.server import HookServicer
+from antwort_grpc.hooks.server import HookServicer, serve_hook
 from antwort_grpc.hooks.service import POINTS
 from antwort_grpc.providers.base import TurnRequest
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
@@ -59,15 +59,12 @@ class RecordingSession(HookServicer):
 
 
 @asynccontextmanager
-async def hook_server(servicer: pb.HookServiceServicer, port: int = 0) -> AsyncIterator[str]:
-    server = grpc.aio.server()
-    pb.add_HookServiceServicer_to_server(servicer, server)
-    bound = server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
+async def hook_server(servicer: HookServicer, port: int = 0) -> AsyncIterator[str]:
+    running = await serve_hook(servicer.hook, f"127.0.0.1:{port}", servicer)
     try:
-        yield f"127.0.0.1:{bound}"
+        yield running.target
     finally:
-        await server.stop(0)
+        await running.stop(0)
 
 
 @asynccontextmanager
@@ -389,3 +386,13 @@ async def test_a_service_gives_up_an_exchange_when_the_gateways_timeout_passed()
     assert final(events).status == S.RESPONSE_STATUS_COMPLETED
     [failed] = [e.hook_failed for e in events if e.WhichOneof("event") == "hook_failed"]
     assert failed.point == P.HOOK_POINT_BEFORE_MODEL and "no answer within 0.3s" in failed.error
+
+
+async def test_an_exchange_may_carry_a_large_context() -> None:
+    service = RecordingSession(Recorder())
+    provider = ScriptedProvider([[Text("Read it.")]])
+    big = "x" * (6 * 1024 * 1024)  # more than gRPC's default 4 MiB per message, twice in one exchange
+    async with hook_server(service) as target, gateway_with(target, provider) as gw:
+        response = final(await gw.stream(user(big)))
+    assert response.status == S.RESPONSE_STATUS_COMPLETED and response.metrics.hook_failures == 0
+    assert service.exchanges[0] == ["before_response", "pause_check", "before_model"]
