@@ -396,3 +396,50 @@ async def test_an_exchange_may_carry_a_large_context() -> None:
         response = final(await gw.stream(user(big)))
     assert response.status == S.RESPONSE_STATUS_COMPLETED and response.metrics.hook_failures == 0
     assert service.exchanges[0] == ["before_response", "pause_check", "before_model"]
+
+
+class Audits(PolicyHook):
+    """Observes model output and the response only."""
+
+    name = "audits"
+
+    def __init__(self) -> None:
+        self.model_output_seen = asyncio.Event()
+
+    async def after_model(self, request: pb.AfterModelRequest) -> pb.AfterModelResponse:
+        self.model_output_seen.set()
+        return pb.AfterModelResponse()
+
+    async def after_response(self, request: pb.AfterResponseRequest) -> pb.AfterResponseResponse:
+        return pb.AfterResponseResponse()
+
+
+class WaitsForTheAudit:
+    """A tool that returns only once the audit hook has seen the turn's model output."""
+
+    kind = pb.ToolKind.TOOL_KIND_SANDBOX
+
+    def __init__(self, seen: asyncio.Event) -> None:
+        self.seen = seen
+
+    async def can_execute(self, tool: pb.Tool) -> bool:
+        return tool.function.name == "lookup"
+
+    async def execute(self, call: pb.FunctionCall, tool: pb.Tool, progress: Any) -> pb.FunctionCallOutput:
+        async with asyncio.timeout(10):
+            await self.seen.wait()
+        return pb.FunctionCallOutput(call_id=call.call_id, output="found")
+
+
+async def test_an_observation_goes_on_its_own_before_the_run_waits_on_a_tool() -> None:
+    hook = Audits()
+    service = RecordingSession(hook)
+    executors = [WaitsForTheAudit(hook.model_output_seen)]
+    provider = lookup_then_answer()
+    async with (
+        hook_server(service) as target,
+        running_gateway(provider=provider, executors=executors, hooks=[target]) as gw,
+    ):
+        response = final(await gw.stream(tools_request()))
+    assert response.status == S.RESPONSE_STATUS_COMPLETED, "the audit saw the output while the tool ran"
+    assert service.exchanges == [["after_model"], ["after_model", "after_response"]]
