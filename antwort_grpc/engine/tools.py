@@ -79,7 +79,7 @@ async def _owners(tools: Sequence[pb.Tool], servers: Sequence[ToolExecutor]) -> 
     """For each tool, in order, the first server-side executor that claims it (a hosted tool: the
     first that is also a HostedToolSource). Tools are looked up concurrently, up to
     LOOKUP_CONCURRENCY at once: with remote executors each lookup may be a CanExecute round trip."""
-    if not servers:
+    if not servers or not tools:
         return [None] * len(tools)
     limit = asyncio.Semaphore(LOOKUP_CONCURRENCY)
 

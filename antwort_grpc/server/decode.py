@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from contextlib import aclosing
 from typing import Any
 
 import grpc
@@ -76,12 +75,16 @@ def _parsing(handler: Any) -> Any:
 
         # A coroutine that writes, rather than an async generator around the servicer's: grpc's
         # own loop over a generator writes each message the same way, so nothing is added per
-        # streamed message.
+        # streamed message. try/finally is contextlib.aclosing without its two Python-level calls
+        # per request.
         async def unary_stream(raw: bytes, context: Any) -> None:
             request = await parse_request(raw, parse, context)
-            async with aclosing(stream(request, context)) as messages:
+            messages = stream(request, context)
+            try:
                 async for message in messages:
                     await context.write(message)
+            finally:
+                await messages.aclose()
 
         return grpc.unary_stream_rpc_method_handler(unary_stream, response_serializer=handler.response_serializer)
     return handler

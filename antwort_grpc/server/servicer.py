@@ -53,7 +53,9 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
         except RequestError as err:
             await abort(context, err)
             return
-        async with contextlib.aclosing(run.events()) as events:
+        # Closed with this call, however it ends (try/finally: aclosing's two calls, per request).
+        events = run.events()
+        try:
             if request.stream:
                 async for event in events:
                     yield _message(event)
@@ -64,6 +66,8 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
                     last = event
                 assert last is not None
                 yield _message(last)
+        finally:
+            await events.aclose()
 
     async def Converse(self, requests: AsyncIterator[pb.ConverseRequest], context: Context) -> None:
         await _Session(self.responses, requests, context).serve()

@@ -75,7 +75,7 @@ class MemoryStore:
         if old is not None and old.record.response.status not in RUNNING and record.response.status in RUNNING:
             return
         copy = _copy(record)
-        size = copy.response.ByteSize() + sum(item.ByteSize() for item in copy.input_items)
+        size = copy.response.ByteSize() + sum(map(_byte_size, copy.input_items))
         entry = _Entry(copy, self.options.instance_id, self.options.expires_at(self.options.clock()), size)
         self.database.put(record.response.id, entry)
         self.database.evict(self.options.memory_max_responses, self.options.memory_max_bytes)
@@ -132,6 +132,10 @@ class MemoryStore:
         for entry in self._entries.values():
             if entry.instance == self.options.instance_id and entry.record.response.status in RUNNING:
                 mark_interrupted(entry.record.response)
+
+
+# The unbound method: a generator expression would be one more Python frame per save.
+_byte_size = pb.Item.ByteSize
 
 
 def _copy(record: StoredResponse) -> StoredResponse:
