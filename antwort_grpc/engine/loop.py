@@ -370,6 +370,8 @@ class Engine:
             turn = run.turn
             began = clock.time()
             call, run.early = run.early, None
+            if call is None and not run.governor.asked_before_model:
+                call = self._call_model(run, turn)
             if call is None:
                 async for opened in self._model_call(run, turn):
                     if isinstance(opened, ModelCall):
