@@ -34,18 +34,19 @@ class MemoryDatabase:
     # The sum of the entries' sizes.
     size: int = 0
 
-    def put(self, key: str, entry: _Entry) -> None:
+    def put(self, key: str, entry: _Entry, max_entries: int, max_bytes: int) -> None:
+        """Keep `entry` under `key`, then evict down to the bounds (one call per save)."""
         old = self.entries.get(key)
         self.size += entry.size - (old.size if old is not None else 0)
         self.entries[key] = entry
+        if len(self.entries) > max_entries or self.size > max_bytes:
+            self._evict(max_entries, max_bytes)
 
     def remove(self, key: str) -> None:
         self.size -= self.entries.pop(key).size
 
-    def evict(self, max_entries: int, max_bytes: int) -> None:
+    def _evict(self, max_entries: int, max_bytes: int) -> None:
         """Drop the oldest finished entries until both bounds hold (or only running ones are left)."""
-        if len(self.entries) <= max_entries and self.size <= max_bytes:
-            return
         over_count, over_bytes = len(self.entries) - max_entries, self.size - max_bytes
         victims = []
         for key, entry in self.entries.items():
@@ -77,8 +78,7 @@ class MemoryStore:
         copy = _copy(record)
         size = copy.response.ByteSize() + sum(map(_byte_size, copy.input_items))
         entry = _Entry(copy, self.options.instance_id, self.options.expires_at(self.options.clock()), size)
-        self.database.put(record.response.id, entry)
-        self.database.evict(self.options.memory_max_responses, self.options.memory_max_bytes)
+        self.database.put(record.response.id, entry, self.options.memory_max_responses, self.options.memory_max_bytes)
 
     def _live(self, response_id: str, owner: str) -> _Entry | None:
         entry = self._entries.get(response_id)
