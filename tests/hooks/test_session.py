@@ -16,6 +16,7 @@ import pytest
 
 from antwort_grpc import pb
 from antwort_grpc.engine.governor import Governor
+from antwort_grpc.executors.base import FunctionExecutor
 from antwort_grpc.hooks import Dispatcher, LocalHook, PolicyHook
 from antwort_grpc.hooks.server import HookServicer, serve_hook
 from antwort_grpc.hooks.service import POINTS
@@ -25,6 +26,8 @@ from tests.executors.remote_services import free_port, start_process, stop_proce
 from tests.fakes import MockExecutor, echo
 from tests.harness import GatewayClient, final, function_tool, kinds, running_gateway, user
 from tests.hooks.hook_services import Gatekeeper, Recorder, read_record
+from tests.test_interactive_runs import GatedTool, steer
+from tests.test_interactive_runs import Session as InteractiveSession
 
 S = pb.ResponseStatus
 P = pb.HookPoint
@@ -443,3 +446,31 @@ async def test_an_observation_goes_on_its_own_before_the_run_waits_on_a_tool() -
         response = final(await gw.stream(tools_request()))
     assert response.status == S.RESPONSE_STATUS_COMPLETED, "the audit saw the output while the tool ran"
     assert service.exchanges == [["after_model"], ["after_model", "after_response"]]
+
+
+async def test_a_steering_message_during_the_tool_is_in_the_next_call_the_hook_is_asked_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = tmp_path / "record.jsonl"
+    monkeypatch.setenv("HOOK_RECORD", str(record))
+    tool = GatedTool()
+    service = RecordingSession(Recorder())
+    provider = ScriptedProvider([[Call.of("slow", {}, call_id="c1")], [Text("Adjusted.")]])
+    async with (
+        hook_server(service) as target,
+        running_gateway(provider=provider, executors=[FunctionExecutor(), tool], hooks=[target]) as gw,
+    ):
+        session = InteractiveSession(gw)
+        request = user("go")
+        request.tools.append(function_tool("slow"))
+        await session.start(request)
+        await session.until("tool_execution_in_progress")
+        await tool.started.wait()
+        await session.accepted(gw, steer("also check the logs"))
+        tool.release.set()
+        terminal = await session.until("terminal")
+    assert terminal.completed.response.status == S.RESPONSE_STATUS_COMPLETED
+    # The steering message was there before the call's result: nothing was asked ahead.
+    assert ["after_tool"] in service.exchanges and ["pause_check", "before_model"] in service.exchanges
+    asked = [s for s in read_record(str(record)) if s["point"] == "before_model"]
+    assert [(s["turn"], s["items"]) for s in asked] == [(1, 1), (2, 4)], "turn 2 asked once, with the message"
