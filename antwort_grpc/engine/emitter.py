@@ -73,45 +73,53 @@ class ResponseEmitter:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
+    # Events are filled in place: a message passed to a constructor is copied by serializing and
+    # parsing it (upb), which for the response events costs several times a CopyFrom.
+
     def created(self) -> pb.StreamEvent:
-        return pb.StreamEvent(sequence_number=self._next(), created=pb.ResponseCreatedEvent(response=self.response))
+        event = pb.StreamEvent(sequence_number=self._next())
+        event.created.response.CopyFrom(self.response)
+        return event
 
     def in_progress(self) -> pb.StreamEvent:
-        return pb.StreamEvent(
-            sequence_number=self._next(), in_progress=pb.ResponseInProgressEvent(response=self.response)
-        )
+        event = pb.StreamEvent(sequence_number=self._next())
+        event.in_progress.response.CopyFrom(self.response)
+        return event
 
     def terminal(
         self, tool_calls: list[pb.FunctionCall] | None = None, approvals: list[pb.ApprovalRequest] | None = None
     ) -> pb.StreamEvent:
         """The one terminal event, chosen by the response's (final) status."""
-        seq = self._next()
+        event = pb.StreamEvent(sequence_number=self._next())
         status = self.response.status
         if status == RESPONSE_COMPLETED:
-            return pb.StreamEvent(sequence_number=seq, completed=pb.ResponseCompletedEvent(response=self.response))
-        if status == RESPONSE_REQUIRES_ACTION:
-            return pb.StreamEvent(
-                sequence_number=seq,
-                requires_action=pb.ResponseRequiresActionEvent(
-                    response=self.response, tool_calls=tool_calls or [], approval_requests=approvals or []
-                ),
-            )
-        if status == RESPONSE_INCOMPLETE:
-            return pb.StreamEvent(sequence_number=seq, incomplete=pb.ResponseIncompleteEvent(response=self.response))
-        if status == RESPONSE_CANCELLED:
-            return pb.StreamEvent(sequence_number=seq, cancelled=pb.ResponseCancelledEvent(response=self.response))
-        return pb.StreamEvent(sequence_number=seq, failed=pb.ResponseFailedEvent(response=self.response))
+            event.completed.response.CopyFrom(self.response)
+        elif status == RESPONSE_REQUIRES_ACTION:
+            action = event.requires_action
+            action.response.CopyFrom(self.response)
+            action.tool_calls.extend(tool_calls or [])
+            action.approval_requests.extend(approvals or [])
+        elif status == RESPONSE_INCOMPLETE:
+            event.incomplete.response.CopyFrom(self.response)
+        elif status == RESPONSE_CANCELLED:
+            event.cancelled.response.CopyFrom(self.response)
+        else:
+            event.failed.response.CopyFrom(self.response)
+        return event
 
     # -- turns and controls ----------------------------------------------------------------------
 
     def turn_started(self, turn: int, round_: int) -> pb.StreamEvent:
-        return pb.StreamEvent(sequence_number=self._next(), turn_started=pb.TurnStartedEvent(turn=turn, round=round_))
+        event = pb.StreamEvent(sequence_number=self._next())
+        started = event.turn_started
+        started.turn, started.round = turn, round_
+        return event
 
     def turn_decided(self, turn: int, decision: int, tool_calls: int = 0) -> pb.StreamEvent:
-        return pb.StreamEvent(
-            sequence_number=self._next(),
-            turn_decided=pb.TurnDecidedEvent(turn=turn, decision=decision, tool_calls=tool_calls),  # type: ignore[arg-type]
-        )
+        event = pb.StreamEvent(sequence_number=self._next())
+        decided = event.turn_decided
+        decided.turn, decided.decision, decided.tool_calls = turn, decision, tool_calls  # type: ignore[assignment]
+        return event
 
     def turn_completed(self, turn: int, seconds: float) -> pb.StreamEvent:
         event = pb.StreamEvent(sequence_number=self._next())
@@ -153,14 +161,8 @@ class ResponseEmitter:
         stored.CopyFrom(item)
         self.turn_items.append(stored)
         return [
-            pb.StreamEvent(
-                sequence_number=self._next(),
-                output_item_added=pb.OutputItemAddedEvent(output_index=index, item=stored),
-            ),
-            pb.StreamEvent(
-                sequence_number=self._next(),
-                output_item_done=pb.OutputItemDoneEvent(output_index=index, item=stored),
-            ),
+            self._item_event("output_item_added", index, stored),
+            self._item_event("output_item_done", index, stored),
         ]
 
     def _open(self, prefix: str) -> tuple[pb.Item, int]:
@@ -181,12 +183,7 @@ class ResponseEmitter:
             item, index = self._open("msg")
             item.message.role = ASSISTANT
             msg = self._message = _OpenMessage(item, index, item.id)
-            events.append(
-                pb.StreamEvent(
-                    sequence_number=self._next(),
-                    output_item_added=pb.OutputItemAddedEvent(output_index=index, item=item),
-                )
-            )
+            events.append(self._item_event("output_item_added", index, item))
         if msg.part_kind != kind:
             if msg.part_kind:
                 events += self._close_part(msg)
@@ -194,14 +191,7 @@ class ResponseEmitter:
             msg.part_kind = kind
             part = msg.item.message.content.add()
             getattr(part, kind).SetInParent()
-            events.append(
-                pb.StreamEvent(
-                    sequence_number=self._next(),
-                    content_part_added=pb.ContentPartAddedEvent(
-                        item_id=msg.item.id, output_index=msg.index, content_index=msg.part_index, part=part
-                    ),
-                )
-            )
+            events.append(self._part_event("content_part_added", msg, part))
         msg.fragments.append(text)
         # Delta events are filled in place: a payload built apart is copied when passed in, and
         # these are most of a stream's events.
@@ -224,12 +214,7 @@ class ResponseEmitter:
             item, index = self._open("rs")
             item.reasoning.SetInParent()
             r = self._reasoning = _OpenReasoning(item, index, item.id)
-            events.append(
-                pb.StreamEvent(
-                    sequence_number=self._next(),
-                    output_item_added=pb.OutputItemAddedEvent(output_index=index, item=item),
-                )
-            )
+            events.append(self._item_event("output_item_added", index, item))
         r.fragments.append(text)
         event = pb.StreamEvent(sequence_number=self._next())
         delta = event.reasoning_text_delta
@@ -249,12 +234,7 @@ class ResponseEmitter:
             item.function_call.call_id = call_id or new_id("call")
             item.function_call.name = name or ""
             call = self._calls[index] = _OpenCall(item, out_index, item.id)
-            events.append(
-                pb.StreamEvent(
-                    sequence_number=self._next(),
-                    output_item_added=pb.OutputItemAddedEvent(output_index=out_index, item=item),
-                )
-            )
+            events.append(self._item_event("output_item_added", out_index, item))
         elif name and not call.item.function_call.name:
             call.item.function_call.name = name
         if arguments:
@@ -298,12 +278,10 @@ class ResponseEmitter:
         seq = self._next()
         if kind == "output_text":
             part.output_text.text = text
-            done = pb.StreamEvent(
-                sequence_number=seq,
-                output_text_done=pb.OutputTextDoneEvent(
-                    item_id=msg.item.id, output_index=msg.index, content_index=msg.part_index, text=text
-                ),
-            )
+            done = pb.StreamEvent(sequence_number=seq)
+            text_done = done.output_text_done
+            text_done.item_id, text_done.output_index, text_done.content_index = msg.item_id, msg.index, msg.part_index
+            text_done.text = text
         else:
             part.refusal.refusal = text
             done = pb.StreamEvent(
@@ -313,15 +291,7 @@ class ResponseEmitter:
                 ),
             )
         msg.part_kind = ""
-        return [
-            done,
-            pb.StreamEvent(
-                sequence_number=self._next(),
-                content_part_done=pb.ContentPartDoneEvent(
-                    item_id=msg.item.id, output_index=msg.index, content_index=msg.part_index, part=part
-                ),
-            ),
-        ]
+        return [done, self._part_event("content_part_done", msg, part)]
 
     def _close_message(self, status: int) -> list[pb.StreamEvent]:
         msg = self._message
@@ -359,12 +329,23 @@ class ResponseEmitter:
     def _done(self, item: pb.Item, index: int, status: int) -> list[pb.StreamEvent]:
         item.status = status  # type: ignore[assignment]
         self.turn_items.append(item)
-        return [
-            pb.StreamEvent(
-                sequence_number=self._next(),
-                output_item_done=pb.OutputItemDoneEvent(output_index=index, item=item),
-            )
-        ]
+        return [self._item_event("output_item_done", index, item)]
+
+    def _item_event(self, kind: str, index: int, item: pb.Item) -> pb.StreamEvent:
+        """output_item_added or output_item_done, filled in place."""
+        event = pb.StreamEvent(sequence_number=self._next())
+        payload = getattr(event, kind)
+        payload.output_index = index
+        payload.item.CopyFrom(item)
+        return event
+
+    def _part_event(self, kind: str, msg: _OpenMessage, part: pb.ContentPart) -> pb.StreamEvent:
+        """content_part_added or content_part_done, filled in place."""
+        event = pb.StreamEvent(sequence_number=self._next())
+        payload = getattr(event, kind)
+        payload.item_id, payload.output_index, payload.content_index = msg.item_id, msg.index, msg.part_index
+        payload.part.CopyFrom(part)
+        return event
 
     # -- tool execution progress ---------------------------------------------------------------
 
