@@ -119,11 +119,9 @@ class Governor:
         it, or they were asked ahead about this very call and neither paused nor answered it."""
         if not self.asked_before_model:
             return request
-        if self._ahead is None or self._ahead[0] != 1:
-            return None
-        decision = self._ahead[2]
-        if isinstance(decision, Paused) or decision.answer is not None or self._ahead[1] != _model_call(request):
-            return None
+        decision = self._asked_ahead(1, _model_call(request)) if self._ahead is not None else None
+        if decision is None or isinstance(decision, Paused) or decision.answer is not None:
+            return None  # the turn boundary takes it
         self._ahead = None
         return _apply(request, decision.call)
 
@@ -234,6 +232,7 @@ class Governor:
         assert self.hooks is not None
         call = _model_call(request)
         decision = self._asked_ahead(turn, call) if first_check else None
+        self._ahead = None  # asked about once: whatever comes next is asked again
         if decision is None:
             decision = await self.hooks.model_turn(self._turn(turn), call, turn, pause)
         if isinstance(decision, Paused):
@@ -243,14 +242,11 @@ class Governor:
         return _apply(request, decision.call)
 
     def _asked_ahead(self, turn: int, call: pb.ModelCall) -> Paused | ModelDecision | None:
-        """The answer asked ahead for this call, if it was this call that was asked about."""
+        """The answer asked ahead, if it was this very call that was asked about."""
         if self._ahead is None:
             return None
         asked_turn, asked, decision = self._ahead
-        self._ahead = None
-        if turn == asked_turn and asked == call:
-            return decision
-        return None
+        return decision if turn == asked_turn and asked == call else None
 
     def model_started(self, usage: pb.Usage) -> None:
         self._model_started = time.perf_counter()

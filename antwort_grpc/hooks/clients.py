@@ -228,12 +228,8 @@ class RemoteHook:
 
 def _caller(metadata: tuple[tuple[str, str], ...]) -> pb.HookCaller:
     """What the unary RPCs carry as metadata, for a Session exchange."""
-    found = dict(metadata)
-    return pb.HookCaller(
-        owner=found.get("antwort-owner", ""),
-        traceparent=found.get("traceparent", ""),
-        tracestate=found.get("tracestate", ""),
-    )
+    caller = Caller.from_metadata(metadata)
+    return pb.HookCaller(owner=caller.owner, traceparent=caller.traceparent, tracestate=caller.tracestate)
 
 
 def _metadata(caller: Caller) -> tuple[tuple[str, str], ...]:
