@@ -38,6 +38,7 @@ demo: venv
 # Benchmarks (a few minutes; not part of `make test`): bench/results/latest.json and bench/RESULTS.md.
 # BENCH_TINY=1 runs everything in seconds; BENCH_ARGS="--only stream,tools --profile overhead" and so on.
 bench: venv
+	@scripts/system-deps.sh  # the Go toolchain and protoc for the bench's load generator
 	$(PY) -m bench.run $(BENCH_ARGS)
 
 protos: venv
