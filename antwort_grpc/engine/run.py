@@ -29,13 +29,17 @@ from antwort_grpc.engine.tools import ToolSet
 from antwort_grpc.errors import FieldViolation, RequestError
 
 if TYPE_CHECKING:
-    from antwort_grpc.engine.loop import ModelCall
+    from antwort_grpc.engine.model_call import ModelCall
 
 # What the loop awaits when a control arrives (None: it is busy and will look at its next check).
 MODEL = "model"
 TOOLS = "tools"
 APPROVAL = "approval"
 PAUSE = "pause"
+
+
+class Stopped(Exception):
+    """A cancel or deadline noticed at a check point (not during an interruptible wait)."""
 
 
 @dataclass(slots=True)
