@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 from antwort_grpc import pb
 from antwort_grpc.providers.base import TurnRequest
@@ -84,12 +83,9 @@ async def test_parallel_calls_run_concurrently_and_are_fed_back_together() -> No
     )
     executor = MockExecutor({"slow": echo}, delay=0.3)
     async with running_gateway(provider=provider, executors=[executor]) as gw:
-        started = time.monotonic()
         events = await gw.stream(with_tools("Three at once", "slow"))
-        elapsed = time.monotonic() - started
+    # All three were running at once (one after another, it would be 1): counted, not timed.
     assert executor.max_running == 3
-    # A functional check that the calls overlap (sequential would take 0.9 s), not a benchmark.
-    assert elapsed < 0.6, f"three 300 ms calls took {elapsed:.2f}s"
     fed_back = tool_outputs(provider.requests[1])
     assert [o.call_id for o in fed_back] == ["call_0", "call_1", "call_2"]
     assert final(events).status == S.RESPONSE_STATUS_COMPLETED
