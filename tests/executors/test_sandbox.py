@@ -9,6 +9,7 @@ The limits are small so that the whole module takes seconds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -37,6 +38,17 @@ OUTPUT_CAP = 64 * 1024
 PYTHON = "/usr/bin/python3" if os.geteuid() == 0 else sys.executable
 
 
+def uid_process_budget(extra: int = 64) -> str:
+    """MAX_PROCESSES for a service on this test run's own (non-root) uid without namespaces: there
+    the process limit counts every process and thread of the uid, this test run's included."""
+    uid, count = os.getuid(), 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if os.stat(f"/proc/{pid}").st_uid == uid:
+                count += len(os.listdir(f"/proc/{pid}/task"))
+    return str(count + extra)
+
+
 @dataclass
 class Sandbox:
     target: str
@@ -53,6 +65,8 @@ def _start(tmp: Path, name: str, wrapper: Sequence[str] = (), **settings: str) -
     workdir_root = Path(tempfile.mkdtemp(prefix=f"antwort-sandbox-test-{name}-"))
     workdir_root.chmod(0o755)
     log = tmp / f"{name}.log"
+    if os.geteuid() != 0 and not wrapper and settings.get("namespaces") == "off":
+        settings.setdefault("max_processes", uid_process_budget())
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),

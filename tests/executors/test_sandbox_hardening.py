@@ -25,18 +25,27 @@ import grpc
 import pytest
 
 from antwort_grpc import pb
-from tests.executors.test_sandbox import ROOT, Sandbox, _request, _start, _stub, run
+from tests.executors.test_sandbox import ROOT, Sandbox, _request, _start, _stub, run, uid_process_budget
 
-# The service on uid 1000 with nothing but CAP_DAC_OVERRIDE kept (so that it can run the test
-# machine's interpreter under /root); the code it starts gets no capability and the same uid.
-SAME_UID = 1000
-AS_SAME_UID = (
-    "setpriv",
-    f"--reuid={SAME_UID}",
-    f"--regid={SAME_UID}",
-    "--clear-groups",
-    "--inh-caps=+dac_override",
-    "--ambient-caps=+dac_override",
+AS_ROOT = os.geteuid() == 0
+# As root: the service on uid 1000 with nothing but CAP_DAC_OVERRIDE kept (so that it can run the
+# test machine's interpreter under /root); the code it starts gets no capability and the same uid.
+# As a normal user: the service on that user's uid, as it is.
+SAME_UID = 1000 if AS_ROOT else os.getuid()
+AS_SAME_UID: tuple[str, ...] = (
+    (
+        "setpriv",
+        f"--reuid={SAME_UID}",
+        f"--regid={SAME_UID}",
+        "--clear-groups",
+        "--inh-caps=+dac_override",
+        "--ambient-caps=+dac_override",
+    )
+    if AS_ROOT
+    else ()
+)
+ROOT_ONLY = pytest.mark.skipif(
+    not AS_ROOT, reason="a service started as root (the code on another uid); the suite runs as root in CI"
 )
 MODES = ("namespaces", "fallback", "fallback_same_uid")
 
@@ -49,7 +58,13 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, San
         _start(tmp, "fallback", namespaces="off", timeout_seconds="30", cpu_seconds="10"),
         # The process limit counts the uid's, the service's threads included.
         _start(
-            tmp, "same-uid", AS_SAME_UID, namespaces="off", timeout_seconds="30", cpu_seconds="10", max_processes="64"
+            tmp,
+            "same-uid",
+            AS_SAME_UID,
+            namespaces="off",
+            timeout_seconds="30",
+            cpu_seconds="10",
+            max_processes="64" if AS_ROOT else uid_process_budget(),
         ),
     ]
     try:
@@ -345,7 +360,10 @@ def test_the_startup_line_says_how_the_memory_budget_is_held(services: dict[str,
 
 # As pid 1 (a container started without an init).
 
-AS_PID_1 = ("unshare", "--pid", "--fork", "--mount-proc")
+# A normal user gets a pid namespace inside a user namespace of its own, on the same uid.
+AS_PID_1 = ("unshare", "--pid", "--fork", "--mount-proc") if AS_ROOT else (
+    "unshare", "--user", "--map-current-user", "--pid", "--fork", "--mount-proc"
+)  # fmt: skip
 
 
 def children(pid: int) -> list[int]:
@@ -410,6 +428,7 @@ def unreachable_for_nobody(path: str) -> bool:
     return subprocess.run(probe, capture_output=True, check=False).returncode != 0
 
 
+@ROOT_ONLY
 async def test_as_root_the_sandbox_runs_code_on_an_interpreter_its_uid_can_execute() -> None:
     assert unreachable_for_nobody(sys.executable)  # the premise: the service's own one is out of reach
     proc = sandbox_command({})
@@ -426,6 +445,7 @@ async def test_as_root_the_sandbox_runs_code_on_an_interpreter_its_uid_can_execu
     assert b"set ANTWORT_SANDBOX_PYTHON to choose another" in err
 
 
+@ROOT_ONLY
 def test_an_interpreter_chosen_explicitly_that_its_uid_cannot_run_is_a_one_line_error() -> None:
     proc = sandbox_command({"ANTWORT_SANDBOX_PYTHON": sys.executable})
     out, err = proc.communicate(timeout=60)
