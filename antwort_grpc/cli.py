@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from antwort_grpc.config import GatewaySettings
-from antwort_grpc.startup import StartupError, bind_error, check_listen, describe, is_bind_failure, settings_error
+from antwort_grpc.startup_errors import StartupError, bind_error, check_listen, describe, is_bind_failure, settings_error
 
 
 def _serve_parser(sub: Any) -> None:
@@ -103,7 +103,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = gateway_settings(args)
     _logging(settings.log_level, settings.log_format)
     check_listen(settings.listen, "--listen / ANTWORT_LISTEN")
-    from antwort_grpc.server.run import serve
+    from antwort_grpc.server.serve import serve
 
     try:
         asyncio.run(serve(settings))

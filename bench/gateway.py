@@ -37,7 +37,7 @@ from antwort_grpc.providers.base import (
     TurnRequest,
 )
 from antwort_grpc.server.app import start_gateway
-from antwort_grpc.server.run import tune_gc
+from antwort_grpc.server.serve import tune_gc
 from antwort_grpc.storage.memory import MemoryStore
 from bench.procs import until_stopped
 

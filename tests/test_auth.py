@@ -22,7 +22,7 @@ from antwort_grpc.executors.base import FunctionExecutor
 from antwort_grpc.providers.base import FinishReason, ProviderEvent, TextDelta, TurnEnd, TurnRequest
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
 from antwort_grpc.server.app import start_gateway
-from antwort_grpc.startup import StartupError
+from antwort_grpc.startup_errors import StartupError
 from antwort_grpc.storage.memory import MemoryStore
 from tests.auth_fixtures import Credentials, api_keys, jwts, metadata
 from tests.harness import collect, function_tool, running_gateway, user

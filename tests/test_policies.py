@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from antwort_grpc import pb
-from antwort_grpc.engine import policy, state
+from antwort_grpc.engine import response_status as state
+from antwort_grpc.engine import turn_rules as policy
 from antwort_grpc.engine.outcomes import Completed, ExecuteTools, Incomplete, RequiresAction
 from antwort_grpc.engine.tools import resolve_tools
 from antwort_grpc.executors.base import FunctionExecutor

@@ -9,7 +9,7 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 
 from antwort_grpc import pb
-from antwort_grpc.engine.limits import (
+from antwort_grpc.engine.budget import (
     RunLimits,
     ServerLimits,
     output_budget,

@@ -13,7 +13,7 @@ from antwort_grpc.config import GatewaySettings
 from antwort_grpc.executors.base import FunctionExecutor
 from antwort_grpc.providers.scripted import ScriptedProvider, Text
 from antwort_grpc.server.app import Gateway, start_gateway
-from antwort_grpc.startup import StartupError
+from antwort_grpc.startup_errors import StartupError
 from antwort_grpc.storage.memory import MemoryStore
 from tests.certs import authority
 from tests.harness import collect, user

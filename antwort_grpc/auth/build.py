@@ -8,7 +8,7 @@ from antwort_grpc.auth.apikeys import ApiKeyFile
 from antwort_grpc.auth.interceptor import Authenticator
 from antwort_grpc.auth.jwt_tokens import JwtAuthenticator, JwtSettings
 from antwort_grpc.config import GatewaySettings
-from antwort_grpc.startup import StartupError
+from antwort_grpc.startup_errors import StartupError
 
 
 def build_authenticator(settings: GatewaySettings) -> Authenticator | None:

@@ -18,7 +18,7 @@ import grpc
 
 from antwort_grpc.auth.identity import AuthError, Identity, current_identity
 from antwort_grpc.errors import RequestError
-from antwort_grpc.status import abort
+from antwort_grpc.grpc_status import abort
 
 # RPCs anyone may call: probes must work without credentials.
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)

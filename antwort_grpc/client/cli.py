@@ -15,7 +15,7 @@ from google.protobuf.json_format import ParseDict, ParseError
 from antwort_grpc import pb
 from antwort_grpc.client.connection import add_connection_flags, connection_from
 from antwort_grpc.client.session import Options, Session, chat, continuation_hint, exit_code, user_message
-from antwort_grpc.startup import StartupError
+from antwort_grpc.startup_errors import StartupError
 
 
 def _request_flags(p: argparse.ArgumentParser) -> None:

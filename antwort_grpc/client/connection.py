@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 
-from antwort_grpc.startup import StartupError
+from antwort_grpc.startup_errors import StartupError
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 _LOOPBACK = ("127.", "localhost", "[::1]", "::1")

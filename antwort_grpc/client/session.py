@@ -23,7 +23,7 @@ from rich.text import Text
 
 from antwort_grpc import pb
 from antwort_grpc.client.render import HumanRenderer, JsonRenderer, Renderer, terminal_response
-from antwort_grpc.startup import StartupError
+from antwort_grpc.startup_errors import StartupError
 
 ApprovalPolicy = Literal["ask", "all", "none"]
 DENIED_BY_USER = "denied by the user"

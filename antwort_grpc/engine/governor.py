@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from antwort_grpc import pb
 from antwort_grpc.engine import window as windows
-from antwort_grpc.engine.limits import (
+from antwort_grpc.engine.budget import (
     RunLimits,
     ServerLimits,
     ToolTimeouts,
@@ -25,9 +25,9 @@ from antwort_grpc.engine.limits import (
     output_tokens_spent,
     run_limits,
 )
-from antwort_grpc.engine.metrics import RunRecorder
+from antwort_grpc.engine.run_metrics import RunRecorder
 from antwort_grpc.engine.outcomes import Failed
-from antwort_grpc.engine.policy import needs_approval
+from antwort_grpc.engine.turn_rules import needs_approval
 from antwort_grpc.executors.base import ProgressSink, ToolTimeoutSource
 from antwort_grpc.hooks.dispatch import (
     Dispatcher,

@@ -27,7 +27,7 @@ from antwort_grpc.engine import continuation, policy, state
 from antwort_grpc.engine.checkpoints import checkpoint, inject_items
 from antwort_grpc.engine.governor import Governor
 from antwort_grpc.engine.history import HISTORY_MAX_BYTES, History, load_history
-from antwort_grpc.engine.limits import ServerLimits
+from antwort_grpc.engine.budget import ServerLimits
 from antwort_grpc.engine.model_call import ModelCall, add_usage, await_completion, given, stream_turn, turn_request
 from antwort_grpc.engine.outcomes import (
     Cancelled,
@@ -40,7 +40,7 @@ from antwort_grpc.engine.outcomes import (
 )
 from antwort_grpc.engine.request import input_items, new_response
 from antwort_grpc.engine.run import Run, Stopped
-from antwort_grpc.engine.runs import RunRegistry
+from antwort_grpc.engine.registry import RunRegistry
 from antwort_grpc.engine.tool_turn import add_outputs, execute, gate, supersede
 from antwort_grpc.engine.tools import ToolSet, resolve_tools
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 
-from antwort_grpc.startup import StartupError
+from antwort_grpc.startup_errors import StartupError
 
 
 def read_token(token: str | None, token_file: Path | None, setting: str) -> str | None:

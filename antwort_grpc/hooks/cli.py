@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from antwort_grpc.config import HookSettings
-from antwort_grpc.startup import StartupError, bind_error, check_listen, is_bind_failure, settings_error
+from antwort_grpc.startup_errors import StartupError, bind_error, check_listen, is_bind_failure, settings_error
 
 
 def add_hook_parser(sub: Any) -> None:

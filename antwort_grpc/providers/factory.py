@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.providers.base import Provider, ProviderError
-from antwort_grpc.startup import StartupError
+from antwort_grpc.startup_errors import StartupError
 
 
 class NoBackendError(RuntimeError):

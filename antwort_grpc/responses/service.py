@@ -20,7 +20,7 @@ from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument, 
 from antwort_grpc.hooks.service import Caller
 from antwort_grpc.responses.admission import hook_run
 from antwort_grpc.responses.controls import validate_control
-from antwort_grpc.responses.limits import DEFAULT_LIMITS, Limits
+from antwort_grpc.responses.request_limits import DEFAULT_LIMITS, Limits
 from antwort_grpc.responses.validation import check_create, check_id, validate_create, validate_policy
 from antwort_grpc.storage.base import RUNNING, CancelSignals, ControlSignals, ResponseStore, StoredResponse
 

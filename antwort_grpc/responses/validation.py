@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from google.protobuf.duration_pb2 import Duration
 
 from antwort_grpc import pb
-from antwort_grpc.engine.limits import ServerLimits
+from antwort_grpc.engine.budget import ServerLimits
 from antwort_grpc.errors import FieldViolation, invalid_argument, shorten
 from antwort_grpc.providers import coalesce
-from antwort_grpc.responses.limits import DEFAULT_LIMITS, MAX_ID_CHARS, Limits
+from antwort_grpc.responses.request_limits import DEFAULT_LIMITS, MAX_ID_CHARS, Limits
 from antwort_grpc.responses.schemas import parameters_problem
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

@@ -18,16 +18,16 @@ from antwort_grpc.auth.build import build_authenticator, refuse_open_listen
 from antwort_grpc.auth.interceptor import AuthInterceptor, ConcurrencyLimit
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.engine import Engine, EngineConfig
-from antwort_grpc.engine.limits import ServerLimits
+from antwort_grpc.engine.budget import ServerLimits
 from antwort_grpc.executors.base import ToolExecutor
 from antwort_grpc.hooks import Dispatcher, build_hooks
 from antwort_grpc.observability import Observability
 from antwort_grpc.providers.base import Provider, ProviderHealth
-from antwort_grpc.responses.limits import Limits
+from antwort_grpc.responses.request_limits import Limits
 from antwort_grpc.server.decode import add_parsing_servicer
 from antwort_grpc.server.servicer import ResponsesServicer
 from antwort_grpc.server.tls import server_credentials
-from antwort_grpc.startup import StartupError
+from antwort_grpc.startup_errors import StartupError
 from antwort_grpc.storage.base import CancelSignals, ControlSignals, ResponseStore
 
 log = logging.getLogger(__name__)

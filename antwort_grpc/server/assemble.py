@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.executors.base import FunctionExecutor, ToolExecutor
 from antwort_grpc.providers.base import Provider
-from antwort_grpc.startup import StartupError
+from antwort_grpc.startup_errors import StartupError
 from antwort_grpc.storage.base import ResponseStore
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
 from antwort_grpc.errors import FieldViolation, invalid_argument
-from antwort_grpc.status import abort
+from antwort_grpc.grpc_status import abort
 
 # Requests larger than this are parsed in a worker thread, so a 32 MiB request does not hold the
 # event loop (and every other stream) while it is parsed.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import grpc
 
-from antwort_grpc.startup import StartupError
+from antwort_grpc.startup_errors import StartupError
 
 
 def server_credentials(

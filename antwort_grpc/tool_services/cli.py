@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from antwort_grpc.config import ExecutorSettings
-from antwort_grpc.startup import StartupError, bind_error, check_listen, is_bind_failure, settings_error
+from antwort_grpc.startup_errors import StartupError, bind_error, check_listen, is_bind_failure, settings_error
 from antwort_grpc.tool_services.sdk import ExecutorService, run_executor
 from antwort_grpc.tool_services.security import executor_security
 

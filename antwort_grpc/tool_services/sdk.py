@@ -38,7 +38,7 @@ from antwort_grpc import pb
 from antwort_grpc.errors import RequestError
 from antwort_grpc.executors.base import ProgressSink
 from antwort_grpc.observability import tracing
-from antwort_grpc.status import abort
+from antwort_grpc.grpc_status import abort
 from antwort_grpc.tool_services.reaper import reaping_if_init
 from antwort_grpc.tool_services.security import ExecutorSecurity
 

@@ -220,7 +220,7 @@ def test_the_settings_have_the_documented_names(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_a_token_and_a_token_file_together_are_a_startup_error(tmp_path: Path) -> None:
-    from antwort_grpc.startup import StartupError
+    from antwort_grpc.startup_errors import StartupError
 
     with pytest.raises(StartupError, match="not both"):
         read_token("a", tmp_path / "t", "ANTWORT_EXECUTOR_TOKEN")

@@ -17,7 +17,7 @@ from grpc_status import rpc_status
 from antwort_grpc import pb
 from antwort_grpc.providers.base import Provider, TurnRequest
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
-from antwort_grpc.status import DOMAIN
+from antwort_grpc.grpc_status import DOMAIN
 from tests.executors.remote_services import free_port, start_process, stop_process
 from tests.fakes import MockExecutor, echo
 from tests.harness import (
