@@ -18,7 +18,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from antwort_grpc.config import GatewaySettings
-from antwort_grpc.startup_errors import StartupError, bind_error, check_listen, describe, is_bind_failure, settings_error
+from antwort_grpc.startup_errors import (
+    StartupError,
+    bind_error,
+    check_listen,
+    describe,
+    is_bind_failure,
+    settings_error,
+)
 
 
 def _serve_parser(sub: Any) -> None:

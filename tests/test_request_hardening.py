@@ -18,9 +18,9 @@ from grpc_status import rpc_status
 
 from antwort_grpc import pb
 from antwort_grpc.errors import FieldViolation, invalid_argument
+from antwort_grpc.grpc_status import to_status
 from antwort_grpc.providers.scripted import ScriptedProvider, Text
 from antwort_grpc.responses.request_limits import MAX_ID_CHARS
-from antwort_grpc.grpc_status import to_status
 from antwort_grpc.storage.base import StoredResponse
 from antwort_grpc.storage.memory import MemoryStore
 from antwort_grpc.tool_services.sdk import ExecutorService

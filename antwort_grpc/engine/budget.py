@@ -1,5 +1,7 @@
-"""Execution limits, tool timeouts and the context window's limits: what applies to one response,
-from its request and the server's maximums. Pure: no I/O, tested with tables."""
+"""The budget of a response: its execution limits (turns, tool calls, wall time, output tokens),
+tool timeouts and the context window's limits — what applies to one response, from its request
+and the server's maximums, and whether a step is still within them. Pure: no I/O, tested with
+tables. Each limit has one source: the server's maximum, lowered by the request."""
 
 from __future__ import annotations
 
@@ -64,6 +66,15 @@ def run_limits(request: pb.CreateResponseRequest, server: ServerLimits) -> RunLi
 def server_defaults(server: ServerLimits) -> RunLimits:
     """The limits of a request that sets none: one shared value per server."""
     return RunLimits(server.max_turns, server.max_tool_calls, server.max_duration, server.max_output_tokens)
+
+
+def limit_reached(limits: RunLimits, turns_done: int, output_tokens: int) -> str | None:
+    """At a turn boundary: the limit that ends the response before another turn, if any."""
+    if turns_done >= limits.max_turns:
+        return "max_turns"
+    if output_tokens_spent(limits, output_tokens):
+        return "max_output_tokens"
+    return None
 
 
 def tool_calls_exceed(limits: RunLimits, done: int, planned: int) -> bool:

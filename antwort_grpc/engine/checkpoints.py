@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from antwort_grpc import pb
-from antwort_grpc.engine.run import PAUSE, Run, Stopped
+from antwort_grpc.engine.run import Run
 
 STEER: int = pb.InputKind.INPUT_KIND_STEER
 
@@ -15,26 +15,24 @@ STEER: int = pb.InputKind.INPUT_KIND_STEER
 async def checkpoint(run: Run, *, inject: bool = True) -> AsyncIterator[pb.StreamEvent]:
     """A stop ends the run here; a pause waits here for resume; steering messages join here
     (at a turn boundary)."""
-    if run.reason:
-        raise Stopped
-    if run.pause_reason is not None:
-        run.paused = True
-        run.governor.flush()
-        yield run.emitter.paused(run.pause_reason)
-        while run.pause_reason is not None:
-            run.waiting = PAUSE
-            try:
-                await run.wake()
-            finally:
-                run.waiting = None
-        run.paused = False
+    run.check()
+    inbox = run.inbox
+    if inbox.pause_reason is not None:
+        inbox.paused = True
+        if run.hooks is not None:
+            run.hooks.flush()
+        yield run.emitter.paused(inbox.pause_reason)
+        while inbox.pause_reason is not None:
+            await run.wait_for_control()
+            run.check()
+        inbox.paused = False
         yield run.emitter.resumed()
-    if inject and run.steer:
-        if run.early is not None:
+    if inject and inbox.steer:
+        early = run.take_early()
+        if early is not None:
             # Asked before the steering message came: the model must see it.
-            early, run.early = run.early, None
             await early.discard()
-        for event in inject_items(run, STEER, run.take_steer()):
+        for event in inject_items(run, STEER, inbox.take_steer()):
             yield event
 
 
@@ -46,7 +44,6 @@ def inject_items(run: Run, kind: int, items: list[pb.Item]) -> list[pb.StreamEve
     events: list[pb.StreamEvent] = []
     for item in items:
         events += emitter.add_item(item)
-    run.context += emitter.turn_items
-    events.append(emitter.input_injected(kind, list(emitter.turn_items), run.superseded))
-    run.superseded = []
+    run.append(emitter.turn_items)
+    events.append(emitter.input_injected(kind, list(emitter.turn_items), run.take_superseded()))
     return events

@@ -19,9 +19,9 @@ HISTORY_MAX_BYTES = 16 * 1024 * 1024
 class History:
     # The earlier input and output of every response in the chain, oldest first.
     items: list[pb.Item] = field(default_factory=list)
-    # The calls the model made (function_call items of the responses' output): only these may run
-    # on a server when a continuation picks them up.
-    model_call_ids: set[str] = field(default_factory=set)
+    # The calls the model made (function_call items of the responses' output), by call id, as the
+    # model made them: only these may run on a server when a continuation picks them up.
+    model_calls: dict[str, pb.FunctionCall] = field(default_factory=dict)
 
 
 async def load_history(
@@ -61,9 +61,9 @@ async def load_history(
     for record in reversed(chain):
         history.items += record.input_items
         history.items += record.response.output
-        history.model_call_ids.update(
-            i.function_call.call_id for i in record.response.output if i.WhichOneof("kind") == "function_call"
-        )
+        for item in record.response.output:
+            if item.WhichOneof("kind") == "function_call":
+                history.model_calls[item.function_call.call_id] = item.function_call
     return history
 
 

@@ -1,93 +1,78 @@
 """The agentic loop: inference, tool calls, execution, results fed back, again.
 
 `Engine.start` prepares a response and returns its `Run`; `run.events()` is the one code path for
-both modes (the non-streaming RPC drains it and sends only the terminal event). Each turn ends in a
-typed outcome (outcomes.py) chosen by pure policies; the loop matches on it.
-
-Controls act at the check points: `checkpoint` at every turn boundary (stop, pause, steering
-messages; checkpoints.py), `gate` before tool calls start (pause, approvals; tool_turn.py), and the
-model stream itself for a steer (cut at once; model_call.py). `_call_model` is the one place the
-model is called.
+both modes (the non-streaming RPC drains it and sends only the terminal event). Each turn ends in
+one typed outcome (turn.py) and the loop is one `match` over them; the run ends through
+`Run.finish`, whatever happened, and is stored with its final status.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
 from antwort_grpc import pb
-from antwort_grpc.engine import continuation, policy, state
-from antwort_grpc.engine.checkpoints import checkpoint, inject_items
-from antwort_grpc.engine.governor import Governor
+from antwort_grpc.engine import continuation, response_status
+from antwort_grpc.engine.budget import ServerLimits, run_limits
+from antwort_grpc.engine.checkpoints import inject_items
 from antwort_grpc.engine.history import HISTORY_MAX_BYTES, History, load_history
-from antwort_grpc.engine.budget import ServerLimits
-from antwort_grpc.engine.model_call import ModelCall, add_usage, await_completion, given, stream_turn, turn_request
+from antwort_grpc.engine.hook_gate import HookGate
+from antwort_grpc.engine.model_call import call_model, turn_request
 from antwort_grpc.engine.outcomes import (
     Cancelled,
-    Completed,
     ExecuteTools,
     Failed,
     FinalOutcome,
-    Incomplete,
+    NextRound,
     RequiresAction,
+    RunAgain,
 )
-from antwort_grpc.engine.request import input_items, new_response
-from antwort_grpc.engine.run import Run, Stopped
 from antwort_grpc.engine.registry import RunRegistry
-from antwort_grpc.engine.tool_turn import add_outputs, execute, gate, supersede
+from antwort_grpc.engine.request import input_items, new_response
+from antwort_grpc.engine.run import Continuation, Run, RunSetup, Stopped
+from antwort_grpc.engine.step import Step
+from antwort_grpc.engine.tool_turn import ToolGate, ToolRound, add_outputs
 from antwort_grpc.engine.tools import ToolSet, resolve_tools
+from antwort_grpc.engine.turn import Turn, TurnSettings
+from antwort_grpc.engine.turn_rules import Screened
+from antwort_grpc.engine.window import UNLIMITED, ContextWindow
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.executors.base import ToolExecutor, current_deadline
-from antwort_grpc.hooks.dispatch import Dispatcher, HookFailed, HookRejected, HookRun, Paused
+from antwort_grpc.hooks.dispatch import Dispatcher, HookFailed, HookRejected, HookRun
 from antwort_grpc.hooks.service import Point
-from antwort_grpc.providers.base import (
-    Completion,
-    FinishReason,
-    Provider,
-    ProviderError,
-    TurnRequest,
-)
+from antwort_grpc.providers.base import Provider, ProviderError, TurnRequest
 from antwort_grpc.storage.base import ResponseStore, StoredResponse
 
 log = logging.getLogger(__name__)
 
-S = pb.ResponseStatus
-# Enum values as plain ints: a protobuf enum attribute lookup is a Python-level call, and these are
-# read on every response.
-RESPOND: int = pb.TurnDecision.TURN_DECISION_RESPOND
-CALL_TOOLS: int = pb.TurnDecision.TURN_DECISION_CALL_TOOLS
-INTERRUPTED: int = pb.TurnDecision.TURN_DECISION_INTERRUPTED
 FOLLOW_UP: int = pb.InputKind.INPUT_KIND_FOLLOW_UP
 ITEM_INCOMPLETE: int = pb.ItemStatus.ITEM_STATUS_INCOMPLETE
-COMPLETED: int = S.RESPONSE_STATUS_COMPLETED
-REQUIRES_ACTION: int = S.RESPONSE_STATUS_REQUIRES_ACTION
-INCOMPLETE: int = S.RESPONSE_STATUS_INCOMPLETE
-FAILED: int = S.RESPONSE_STATUS_FAILED
-CANCELLED: int = S.RESPONSE_STATUS_CANCELLED
+AUTO: int = pb.Truncation.TRUNCATION_AUTO
 
 
 @dataclass(slots=True)
 class EngineConfig:
     # No executors: single-shot (tool calls are returned as they are, status completed).
     executors: Sequence[ToolExecutor] = ()
-    max_turns: int = 10
     default_model: str = ""
     history_max_depth: int = 100
     # The most bytes of input and output a previous_response_id chain may hold.
     history_max_bytes: int = HISTORY_MAX_BYTES
     # How long a call waits for an approve/deny decision before it is denied with reason "timeout".
     approval_timeout: float = 300.0
-    # The server's maximums of execution limits and the context window (max_turns above wins).
-    limits: ServerLimits | None = None
+    # The server's maximums of execution limits (max_turns among them) and the context window.
+    limits: ServerLimits = field(default_factory=ServerLimits)
     # Policy hooks; None: none are configured, and none are ever asked.
     hooks: Dispatcher | None = None
+
+    @property
+    def max_turns(self) -> int:
+        return self.limits.max_turns
 
 
 class Engine:
@@ -96,7 +81,11 @@ class Engine:
         self.store = store
         self.config = config or EngineConfig()
         self.runs = RunRegistry()
-        self.server_limits = dataclasses.replace(self.config.limits or ServerLimits(), max_turns=self.config.max_turns)
+        self.settings = TurnSettings(provider, bool(self.config.executors), self.config.approval_timeout, self._save)
+
+    @property
+    def server_limits(self) -> ServerLimits:
+        return self.config.limits
 
     # -- the public entry points ----------------------------------------------------------------
 
@@ -121,11 +110,13 @@ class Engine:
         # it, and a crash leaves it to be found and marked interrupted.
         await self._save(run, required=True)
         self.runs.add(run)
+        clock = asyncio.get_running_loop()
         if timeout is not None:
-            loop = asyncio.get_running_loop()
+            run.deadline = clock.time() + timeout
             # Stop a little early so the failed event still reaches the client in time.
-            run.set_deadline(loop.time() + timeout - min(0.5, timeout * 0.1))
-            run.deadline = loop.time() + timeout
+            run.stop_at(run.deadline - min(0.5, timeout * 0.1), "deadline")
+        if run.limits.max_duration is not None:
+            run.stop_at(clock.time() + run.limits.max_duration, "max_duration")
         run.bind(self._drive)
         return run
 
@@ -163,10 +154,10 @@ class Engine:
         with contextlib.suppress(RequestError):
             run = await self._prepare(request, owner, controller, hook_run)
         try:
-            if run is None:
+            if run is None or run.hooks is None:
                 admitted = await hooks.before_response(hook_run, request, problems)
             else:
-                admitted = await run.governor.admit(request, problems, self._first_call(run))
+                admitted = await run.hooks.admit(request, problems, self._first_call(run))
         except HookRejected as rejected:
             raise RequestError(grpc.StatusCode.PERMISSION_DENIED, str(rejected), reason="hook_rejected") from None
         except HookFailed as failed:
@@ -176,11 +167,11 @@ class Engine:
         return await self._prepare(admitted, owner, controller, hook_run, run.response.id if run else "")
 
     def _first_call(self, run: Run) -> TurnRequest | None:
-        """The first model call, when the response starts with one (not with calls to run)."""
-        resumed = run.continuation
-        if self.config.max_turns <= 0 or resumed.calls or resumed.outputs or resumed.handoff:
+        """The first model call, when the response starts with one (not with calls to run) and
+        hooks are asked before it."""
+        if run.limits.max_turns <= 0 or run.continuation.starts_with_tools:
             return None
-        if not run.governor.asked_before_model:
+        if run.hooks is None or not run.hooks.asked_before_model:
             return None
         return turn_request(run, 1)
 
@@ -208,278 +199,127 @@ class Engine:
         tools = await resolve_tools(request.tools, self.config.executors)
         choice = request.tool_choice if request.HasField("tool_choice") else None
         _check_choice_names(choice, tools)
-        resumed, violations = continuation.resolve(history.items, history.model_call_ids, items, tools, choice)
+        resumed, violations = continuation.resolve(history.items, history.model_calls, items, tools, choice)
         if violations:
             raise invalid_argument(violations)
         response = new_response(request, model)
         if response_id:
             response.id = response_id
-        return Run(
-            request,
-            response,
-            items,
-            history.items + items,
-            tools,
-            owner,
-            controller=controller,
+        if request.truncation:
+            response.truncation = request.truncation
+        limits = self.config.limits
+        hooks = self.config.hooks
+        setup = RunSetup(
+            input_items=items,
+            context=history.items + items,
+            tools=tools,
+            owner=owner,
+            limits=run_limits(request, limits),
+            # Only truncation AUTO looks at the window.
+            window=ContextWindow(limits.context if request.truncation == AUTO else UNLIMITED),
+            hooks=HookGate(hooks, hook_run) if hooks is not None and hook_run is not None else None,
             # An engine without executors is single-shot: it runs nothing of an earlier response.
-            continuation=resumed if self.config.executors else None,
-            governor=Governor(request, self.server_limits, self.config.hooks, hook_run),
+            continuation=resumed if self.config.executors else Continuation(),
+            controller=controller,
         )
+        return Run(request, response, setup)
 
     # -- one response ---------------------------------------------------------------------------
 
     async def _drive(self, run: Run) -> AsyncGenerator[pb.StreamEvent, None]:
-        run.task = asyncio.current_task()
         if run.deadline is not None:
             current_deadline.set(run.deadline)
         emitter = run.emitter
         finished = False
         try:
-            resumed = run.continuation
-            run.governor.start_clock(run.stop)
-            if (
-                run.request.stream
-                and self.config.max_turns > 0
-                and not (resumed.calls or resumed.outputs or resumed.handoff)
-            ):
-                # The model is asked now: its round trip overlaps the writes of the two events below.
-                first = run.governor.early(turn_request(run, 1))
-                if first is not None:
-                    run.early = self._call_model(run, 1, first)
+            self._start_early(run)
             yield emitter.created()
             yield emitter.in_progress()
-            for event in run.governor.hook_events(emitter):
-                yield event
-            try:
-                async for event in self._turns(run):
+            if run.hooks is not None:
+                for event in run.hooks.events(emitter):
                     yield event
-            except asyncio.CancelledError:
-                if not run.stop_requested:
-                    raise
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
-                run.outcome = _stop_outcome(run)
+            turns = _Turns(run, self.settings)
+            outcome: FinalOutcome
+            try:
+                async for event in turns.events():
+                    yield event
+                outcome = turns.result
             except Stopped:
-                run.outcome = _stop_outcome(run)
+                outcome = run.stop_outcome()
             except ProviderError as err:
                 log.warning("response %s: provider error %s: %s", run.response_id, err.code, err.message)
-                run.outcome = Failed(err.code, err.message)
+                outcome = Failed(err.code, err.message)
             except HookFailed as err:
-                run.outcome = Failed("hook_failed", str(err))
+                outcome = Failed("hook_failed", str(err))
             except Exception as err:
                 log.exception("response %s failed", run.response_id)
-                run.outcome = Failed("internal_error", f"{type(err).__name__}: {err}")
+                outcome = Failed("internal_error", f"{type(err).__name__}: {err}")
             for event in emitter.close_turn(ITEM_INCOMPLETE):
                 yield event
-            run.governor.stop_clock()
-            self._finish(run)
-            run.governor.write(run.response)
-            failed = await run.governor.after_response(run.response) if run.governor.hooks else None
-            if failed is not None:
-                # A fail-closed audit hook that could not see the response: it fails instead.
-                run.response.status = S.RESPONSE_STATUS_IN_PROGRESS
-                run.response.ClearField("incomplete_details")
-                run.outcome = failed
-                self._finish(run)
-            for event in run.governor.hook_events(emitter):
-                yield event
+            outcome = await self._audited(run, outcome)
+            run.finish(outcome)
+            self._write_record(run)
+            if run.hooks is not None:
+                for event in run.hooks.events(emitter):
+                    yield event
             await asyncio.shield(self._save(run))
             finished = True
-            yield emitter.terminal(*_handed_out(run.outcome))
+            yield emitter.terminal(*_handed_out(outcome))
         finally:
-            try:
-                if run.early is not None:
-                    early, run.early = run.early, None
-                    await asyncio.shield(early.discard())
-                if not finished:
-                    # The client went away (or the server is shutting down): keep what was done.
-                    if run.response.status not in state.TERMINAL:
-                        emitter.close_turn(ITEM_INCOMPLETE)
-                        run.outcome = Cancelled()
-                        self._finish(run)
-                    await asyncio.shield(self._save(run))
-            finally:
-                run.governor.stop_clock()
-                self.runs.finish(run)
+            await self._end(run, finished)
 
-    async def _turns(self, run: Run) -> AsyncIterator[pb.StreamEvent]:
-        request = run.request
-        emitter = run.emitter
-        choice = request.tool_choice if request.HasField("tool_choice") else None
-        loop_enabled = bool(self.config.executors)
-        resumed = run.continuation
-        if resumed.calls or resumed.outputs:
-            async for event in execute(run, ExecuteTools(resumed.calls, resumed.outputs)):
-                yield event
-            await self._save(run)
-            if (failure := run.governor.tool_failure()) is not None:
-                run.outcome = failure
-                return
-        if resumed.handoff:
-            run.outcome = RequiresAction(resumed.handoff)
+    def _start_early(self, run: Run) -> None:
+        """The model is asked now, when the response starts with a model call: its round trip
+        overlaps the writes of `created` and `in_progress`."""
+        if not run.request.stream or run.limits.max_turns <= 0 or run.continuation.starts_with_tools:
             return
-        clock = asyncio.get_running_loop()
-        while True:
-            async for event in checkpoint(run):
-                yield event
-            if (reason := run.governor.limit_reached(run.turn, run.response)) is not None:
-                run.outcome = Incomplete(reason)
-                return
-            run.turn += 1
-            turn = run.turn
-            began = clock.time()
-            call, run.early = run.early, None
-            if call is None and not run.governor.asked_before_model:
-                call = self._call_model(run, turn)
-            if call is None:
-                async for opened in self._model_call(run, turn):
-                    if isinstance(opened, ModelCall):
-                        call = opened
-                    else:
-                        yield opened
-            assert call is not None
-            yield emitter.turn_started(turn, run.round)
-            emitter.start_turn()
-            finish: FinishReason | None = FinishReason.STOP
-            if call.stream is not None:
-                async for step in stream_turn(run, call):
-                    if step is None or isinstance(step, FinishReason):
-                        finish = step
-                    else:
-                        yield step
-            else:
-                finish = None
-                completion = await await_completion(run, call)
-                if completion is not None:
-                    add_usage(run.response, completion.usage)
-                    finish = completion.finish
-                    for item in completion.items:
-                        for event in emitter.add_item(item):
-                            yield event
-            produced = list(emitter.turn_items)
-            run.context += produced
-            run.governor.model_ended(turn, produced, run.response.usage, call.answered)
-            for event in run.governor.hook_events(emitter):
-                yield event
-            calls = [i.function_call for i in produced if i.WhichOneof("kind") == "function_call"]
-            if finish is None:
-                # Cut short by a steering message: its calls never run.
-                yield emitter.turn_decided(turn, INTERRUPTED, len(calls))
-                for event in supersede(run, calls):
-                    yield event
-                yield emitter.turn_completed(turn, clock.time() - began)
-                continue
-            screened = policy.screen_turn(
-                finish=finish, calls=calls, choice=choice, loop_enabled=loop_enabled, known=run.tools.routes
-            )
-            decision = CALL_TOOLS if calls else RESPOND
-            yield emitter.turn_decided(turn, decision, len(calls))
-            if isinstance(screened, Completed) and (run.steer or run.follow_ups):
-                # Not the end yet: a steering message that came during the answer is answered
-                # next; otherwise the next follow-up starts a new round.
-                yield emitter.turn_completed(turn, clock.time() - began)
-                if not run.steer:
-                    run.round += 1
-                    for event in inject_items(run, FOLLOW_UP, run.follow_ups.pop(0)):
-                        yield event
-                continue
-            if isinstance(screened, Completed | Incomplete):
-                yield emitter.turn_completed(turn, clock.time() - began)
-                run.outcome = screened
-                return
-            if run.governor.tool_calls_exceed(screened.accepted, run.tools.server_side):
-                for event in add_outputs(run, screened.rejected):
-                    yield event
-                yield emitter.turn_completed(turn, clock.time() - began)
-                run.outcome = Incomplete("max_tool_calls")
-                return
-            # Before the calls start: pause, then approvals.
-            async for event in checkpoint(run, inject=False):
-                yield event
-            outcome: RequiresAction | ExecuteTools | None = None
-            async for gated in gate(run, screened, self.config.approval_timeout):
-                if isinstance(gated, RequiresAction | ExecuteTools):
-                    outcome = gated
-                else:
-                    yield gated
-            assert outcome is not None
-            if isinstance(outcome, RequiresAction):
-                for event in add_outputs(run, outcome.rejected):
-                    yield event
-                yield emitter.turn_completed(turn, clock.time() - began)
-                run.outcome = outcome
-                return
-            async for event in execute(run, outcome):
-                yield event
-            # Tool results can be expensive to redo: a crash from here on keeps them.
-            await self._save(run)
-            yield emitter.turn_completed(turn, clock.time() - began)
-            if (failure := run.governor.tool_failure()) is not None:
-                run.outcome = failure
-                return
+        first: TurnRequest | None = turn_request(run, 1)
+        if run.hooks is not None and run.hooks.asked_before_model:
+            assert first is not None
+            first = run.hooks.early(first)
+        if first is not None:
+            run.start_early(call_model(run, self.provider, first))
 
-    # -- the model --------------------------------------------------------------------------------
+    async def _end(self, run: Run, finished: bool) -> None:
+        try:
+            early = run.take_early()
+            if early is not None:
+                await asyncio.shield(early.discard())
+            if not finished:
+                # The client went away (or the server is shutting down): keep what was done.
+                if not run.ended and run.response.status not in response_status.TERMINAL:
+                    run.emitter.close_turn(ITEM_INCOMPLETE)
+                    run.finish(Cancelled())
+                    self._write_record(run)
+                await asyncio.shield(self._save(run))
+        finally:
+            self.runs.finish(run)
 
-    def _call_model(self, run: Run, turn: int, request: TurnRequest | None = None) -> ModelCall:
-        """The one place the model is called."""
-        request = request or turn_request(run, turn)
-        run.governor.flush()
-        run.governor.model_started(run.response.usage)
-        if run.request.stream:
-            return ModelCall(stream=run.governor.stream(self.provider, request))
-        return ModelCall(completion=run.governor.complete(self.provider, request))
+    async def _audited(self, run: Run, outcome: FinalOutcome) -> FinalOutcome:
+        """Audit hooks see the response as it ends (its final status and metrics) and every
+        observation is delivered; a fail-closed failure there is the response's end instead."""
+        if run.hooks is None:
+            return outcome
+        ending = run.response
+        if run.hooks.wants(Point.HOOK_POINT_AFTER_RESPONSE):
+            ending = pb.Response()
+            ending.CopyFrom(run.response)
+            response_status.end(ending, outcome)
+            self._write_record(run, ending)
+        failed = await run.hooks.after_response(ending)
+        return outcome if failed is None else failed
 
-    async def _model_call(self, run: Run, turn: int) -> AsyncIterator[pb.StreamEvent | ModelCall]:
-        """Hooks first, with the call (yielded last): a hook's pause check for this boundary
-        (the run waits here, then the call is rebuilt), then the before-model hooks, which may
-        change the call or answer in the model's place."""
-        pause = True
-        while True:
-            decided = await run.governor.before_model(turn, turn_request(run, turn), pause)
-            for event in run.governor.hook_events(run.emitter):
-                yield event
-            if not isinstance(decided, Paused):
-                break
-            run.pause_reason, pause = decided.reason, False
-            async for event in checkpoint(run):
-                yield event
-        if isinstance(decided, Completion):
-            run.governor.model_started(run.response.usage)
-            call = ModelCall(completion=given(decided))
-            call.answered = True
-            yield call
-            return
-        yield self._call_model(run, turn, decided)
-
-    # -- the end ----------------------------------------------------------------------------------
-
-    def _finish(self, run: Run) -> None:
-        """Apply the outcome to the response."""
-        response = run.response
-        match run.outcome:
-            case Completed():
-                new_status = COMPLETED
-            case RequiresAction():
-                new_status = REQUIRES_ACTION
-            case Incomplete(reason=reason):
-                new_status = INCOMPLETE
-                response.incomplete_details.reason = reason
-            case Failed(code=code, message=message):
-                new_status = FAILED
-                response.error.code = code
-                response.error.message = message
-            case Cancelled():
-                new_status = CANCELLED
-        response.status = state.transition(response.status, new_status)  # type: ignore[assignment]
-        response.completed_at.FromNanoseconds(time.time_ns())
+    def _write_record(self, run: Run, response: pb.Response | None = None) -> None:
+        """The run's metrics and how much the model did not see, into the response."""
+        response = response or run.response
+        if run.hooks is not None:
+            run.record.hooks(*run.hooks.totals())
+        run.record.write(response.metrics)
+        response.omitted_items = run.window.omitted
 
     async def _save(self, run: Run, *, required: bool = False) -> None:
         """Store the response as it is. `required` (the first save): a store that fails refuses
         the response, rather than run one that could never be read back or continued."""
-        if not run.governor.written and run.response.status in state.TERMINAL:
-            run.governor.write(run.response)
         if not run.response.store:
             return
         try:
@@ -494,19 +334,67 @@ class Engine:
                 ) from err
 
 
+class _Turns(Step[FinalOutcome]):
+    """A response's turns, until one ends it (after what a continuation starts with)."""
+
+    def __init__(self, run: Run, settings: TurnSettings) -> None:
+        super().__init__()
+        self.run = run
+        self.settings = settings
+
+    async def events(self) -> AsyncIterator[pb.StreamEvent]:
+        run = self.run
+        async for event in self._resume():
+            yield event
+        while not self.ended:
+            turn = Turn(run, self.settings)
+            async for event in turn.events():
+                yield event
+            match turn.result:
+                case RunAgain():
+                    continue
+                case NextRound():
+                    run.next_round()
+                    for event in inject_items(run, FOLLOW_UP, run.inbox.take_follow_up()):
+                        yield event
+                case outcome:
+                    self.end(outcome)
+
+    async def _resume(self) -> AsyncIterator[pb.StreamEvent]:
+        """A continuation first runs what the earlier response left open: its server-side calls
+        (through the same gates as any call) and its denials; approved client calls are handed
+        out."""
+        run = self.run
+        resumed = run.continuation
+        plan: RequiresAction | ExecuteTools = ExecuteTools([], resumed.outputs)
+        if resumed.calls:
+            screened = Screened(resumed.calls, resumed.outputs)
+            gate = ToolGate(run, screened, self.settings.approval_timeout, resumed.approved)
+            async for event in gate.events():
+                yield event
+            plan = gate.result
+        if isinstance(plan, RequiresAction):
+            for event in add_outputs(run, plan.rejected):
+                yield event
+            self.end(RequiresAction([*resumed.handoff, *plan.calls], [], plan.approvals))
+            return
+        if plan.calls or plan.rejected:
+            tools = ToolRound(run, plan)
+            async for event in tools.events():
+                yield event
+            await self.settings.save(run)
+            if tools.result is not None:
+                self.end(tools.result)
+                return
+        if resumed.handoff:
+            self.end(RequiresAction(resumed.handoff))
+
+
 def _handed_out(outcome: FinalOutcome) -> tuple[list[pb.FunctionCall], list[pb.ApprovalRequest]]:
     """What the terminal event hands to the client: calls to execute, approvals to decide."""
     if isinstance(outcome, RequiresAction):
         return list(outcome.calls), list(outcome.approvals)
     return [], []
-
-
-def _stop_outcome(run: Run) -> FinalOutcome:
-    if run.reason == "max_duration":
-        return Incomplete("max_duration")
-    if run.reason == "deadline":
-        return Failed("deadline_exceeded", "the request's deadline passed before the response finished")
-    return Cancelled()
 
 
 def _check_choice_names(choice: pb.ToolChoice | None, tools: ToolSet) -> None:

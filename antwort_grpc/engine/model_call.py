@@ -1,19 +1,27 @@
-"""One model call of a turn and reading it: the call as the loop holds it (`ModelCall`), the turn
-request built from the run, and the turn's events as the model's deltas arrive. A steering message
-cuts a turn short; a stop ends it at once.
+"""The one place the model is called, and reading a call as the turn's events.
+
+`call_model` starts one call of the model for one turn in a task the run owns: a streaming call
+reads the backend's deltas into a queue the turn reads (so the backend's round trip overlaps
+whatever the loop writes first, and a control ends the turn's wait without cancelling anything
+but this task); a non-streaming call is one task. When the backend says the context is too long
+and the request allows truncation, the call is made once more with a smaller window.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Sequence
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
 
 from antwort_grpc import pb
-from antwort_grpc.engine import policy
-from antwort_grpc.engine.run import MODEL, Run, Stopped
+from antwort_grpc.engine import turn_rules
+from antwort_grpc.engine.budget import output_budget
+from antwort_grpc.engine.inbox import RING
+from antwort_grpc.engine.run import WOKEN, Run, Stopped, stop_or_steer
 from antwort_grpc.providers.base import (
     Completion,
     FinishReason,
+    Provider,
     ProviderError,
     ProviderEvent,
     ReasoningDelta,
@@ -23,39 +31,105 @@ from antwort_grpc.providers.base import (
     TurnEnd,
     TurnRequest,
 )
-from antwort_grpc.providers.coalesce import max_hold_of
+from antwort_grpc.providers.coalesce import max_hold_of, merge_deltas
 
 ITEM_COMPLETED: int = pb.ItemStatus.ITEM_STATUS_COMPLETED
 ITEM_INCOMPLETE: int = pb.ItemStatus.ITEM_STATUS_INCOMPLETE
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+AUTO: int = pb.Truncation.TRUNCATION_AUTO
+# What the reading task puts last on the queue when the stream ended without a TurnEnd.
+_ENDED = object()
 
 
 class ModelCall:
-    """One call of the model for one turn. A streaming call starts at once: its first delta is
-    awaited in a task of its own, so the backend's round trip overlaps whatever the loop writes
-    before it reads the stream."""
+    """One call of the model for one turn, running in a task of its own."""
 
-    __slots__ = ("answered", "completion", "first", "stream")
+    __slots__ = ("answered", "queue", "task")
 
-    def __init__(
-        self, stream: AsyncIterator[ProviderEvent] | None = None, completion: Awaitable[Completion] | None = None
-    ) -> None:
-        self.stream = stream
-        self.completion = completion
-        self.first: asyncio.Task[ProviderEvent] | None = None
+    def __init__(self, task: asyncio.Task[object], queue: asyncio.Queue[object] | None = None) -> None:
+        self.task = task
+        # Streaming: the deltas as they arrive (then a TurnEnd, an exception, or _ENDED).
+        self.queue = queue
         # A before-model hook's answer, not the model's.
         self.answered = False
-        if stream is not None:
-            self.first = asyncio.create_task(next_delta(stream))
+
+    @property
+    def streaming(self) -> bool:
+        return self.queue is not None
 
     async def discard(self) -> None:
         """Abandon it unread (the run stopped, failed or was steered before reading it)."""
-        if self.first is not None:
-            self.first.cancel()
-            await asyncio.gather(self.first, return_exceptions=True)
-        if self.stream is not None:
-            await close_stream(self.stream)
-        if asyncio.iscoroutine(self.completion):
-            self.completion.close()
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+def call_model(run: Run, provider: Provider, request: TurnRequest) -> ModelCall:
+    """The one place the model is called."""
+    if run.hooks is not None:
+        run.hooks.flush()
+    run.record.model_started(run.response.usage)
+    retry = run.request.truncation == AUTO
+    if run.request.stream:
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        return ModelCall(asyncio.create_task(_read(run, provider, request, queue, retry)), queue)
+    return ModelCall(asyncio.create_task(_complete(run, provider, request, retry)))
+
+
+def answered_by_hook(run: Run, completion: Completion) -> ModelCall:
+    """A before-model hook answered in the model's place."""
+    run.record.model_started(run.response.usage)
+    call = ModelCall(asyncio.create_task(_given(completion)))
+    call.answered = True
+    return call
+
+
+async def _given(completion: Completion) -> Completion:
+    return completion
+
+
+async def _complete(run: Run, provider: Provider, request: TurnRequest, retry: bool) -> Completion:
+    try:
+        return await provider.complete(request)
+    except ProviderError as err:
+        if not retry or err.code != CONTEXT_LENGTH_EXCEEDED:
+            raise
+    return await provider.complete(_smaller(run, request))
+
+
+async def _read(run: Run, provider: Provider, request: TurnRequest, queue: asyncio.Queue[object], retry: bool) -> None:
+    """Put the call's deltas on `queue` as they arrive; a failure is put there too."""
+    put = queue.put_nowait
+    stream = aiter(provider.stream(request))
+    try:
+        try:
+            first = await anext(stream)
+        except ProviderError as err:
+            if not retry or err.code != CONTEXT_LENGTH_EXCEEDED:
+                raise
+            await _close(stream)
+            stream = aiter(provider.stream(_smaller(run, request)))
+            first = await anext(stream)
+        put(first)
+        async for event in stream:
+            put(event)
+        put(_ENDED)
+    except StopAsyncIteration:
+        put(_ENDED)
+    except Exception as err:  # handed to the turn, which fails the response with it
+        put(err)
+    finally:
+        await _close(stream)
+
+
+def _smaller(run: Run, request: TurnRequest) -> TurnRequest:
+    """The backend said the context is too long: once more, with a smaller window."""
+    return dataclasses.replace(request, items=run.window.shrink(request.items, request.instructions))
+
+
+async def _close(stream: AsyncIterator[ProviderEvent]) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await asyncio.shield(aclose())
 
 
 def turn_request(run: Run, turn: int, context: Sequence[pb.Item] | None = None) -> TurnRequest:
@@ -63,15 +137,18 @@ def turn_request(run: Run, turn: int, context: Sequence[pb.Item] | None = None) 
     the offered tools, tool_choice for that turn, and what is left of the output budget."""
     request = run.request
     choice = request.tool_choice if request.HasField("tool_choice") else None
+    items = run.context if context is None else context
     return TurnRequest(
         model=run.response.model,
         instructions=request.instructions,
-        items=run.governor.context(run.context if context is None else context, request.instructions),
+        items=run.window.view(items, request.instructions),
         tools=run.tools.functions,
-        tool_choice=policy.turn_tool_choice(choice, turn),
+        tool_choice=turn_rules.turn_tool_choice(choice, turn),
         parallel_tool_calls=run.response.parallel_tool_calls,
-        max_output_tokens=run.governor.output_budget(
-            request.max_output_tokens if request.HasField("max_output_tokens") else None, run.response
+        max_output_tokens=output_budget(
+            run.limits,
+            request.max_output_tokens if request.HasField("max_output_tokens") else None,
+            run.response.usage.output_tokens,
         ),
         temperature=request.temperature if request.HasField("temperature") else None,
         top_p=request.top_p if request.HasField("top_p") else None,
@@ -80,112 +157,109 @@ def turn_request(run: Run, turn: int, context: Sequence[pb.Item] | None = None) 
     )
 
 
+# -- reading a call ------------------------------------------------------------------------------
+
+
 async def await_completion(run: Run, call: ModelCall) -> Completion | None:
     """A non-streaming turn; None when a steering message cut it short."""
-    assert call.completion is not None
-    run.waiting = MODEL
-    try:
-        return await call.completion
-    except asyncio.CancelledError:
-        if not steered(run):
-            raise
+    completion = await run.until(call.task, stop_or_steer)
+    if completion is WOKEN:
+        run.check()
         return None
-    finally:
-        run.waiting = None
+    assert isinstance(completion, Completion)
+    return completion
 
 
-async def stream_turn(run: Run, call: ModelCall) -> AsyncIterator[pb.StreamEvent | FinishReason | None]:
+async def stream_turn(run: Run, call: ModelCall, coalesce: bool) -> AsyncIterator[pb.StreamEvent | FinishReason | None]:
     """The turn's events, then its FinishReason (None: a steering message cut it short)."""
     emitter = run.emitter
-    stream = call.stream
-    assert stream is not None
-    first, call.first = call.first, None
+    inbox = run.inbox
+    queue = call.queue
+    assert queue is not None
+    # The bell rings on the deltas' queue for the whole call: a control ends the wait for a delta.
+    inbox.listen(queue)
+    merging, coalesce = coalesce, False
     try:
         while True:
-            if run.attention:
-                if run.reason:
+            if inbox.attention:
+                if inbox.stop_reason:
                     raise Stopped
-                if run.steer:
+                if inbox.steer:
                     for event in emitter.close_turn(ITEM_INCOMPLETE):
                         yield event
                     yield None
                     return
-            run.waiting = MODEL
-            try:
-                if first is not None:
-                    # Awaiting the task directly: cancelling this task cancels it too.
-                    pending, first = first, None
-                    delta = await pending
-                else:
-                    # Inline rather than `_next_delta`: this runs once per delta.
-                    try:
-                        delta = await anext(stream)
-                    except StopAsyncIteration:
-                        raise ProviderError(
-                            "backend_protocol_error", "the model stream ended without a finish"
-                        ) from None
-            except asyncio.CancelledError:
-                if not steered(run):
-                    raise
-                continue  # the check above ends the turn
-            finally:
-                run.waiting = None
-            if isinstance(delta, TextDelta):
-                events = emitter.on_text(delta.text)
-            elif isinstance(delta, ToolCallDelta):
-                events = emitter.on_tool_call(delta.index, delta.call_id, delta.name, delta.arguments)
-            elif isinstance(delta, ReasoningDelta):
-                events = emitter.on_reasoning(delta.text)
-            elif isinstance(delta, RefusalDelta):
-                events = emitter.on_refusal(delta.text)
+            if coalesce and queue.qsize() > 1:
+                # Deltas waited while the events before them were written: they leave as one
+                # (but the turn's first one leaves as soon as it came: no added latency).
+                deltas = _waiting(queue)
             else:
-                assert isinstance(delta, TurnEnd)
-                add_usage(emitter.response, delta.usage)
-                status = ITEM_INCOMPLETE if delta.finish is FinishReason.LENGTH else ITEM_COMPLETED
-                for event in emitter.close_turn(status):
+                got = await queue.get()
+                if got is RING:
+                    continue  # the check above says what came
+                deltas = [got]
+            for delta in deltas:
+                if type(delta) is TurnEnd:
+                    _add_usage(emitter.response, delta.usage)
+                    status = ITEM_INCOMPLETE if delta.finish is FinishReason.LENGTH else ITEM_COMPLETED
+                    for event in emitter.close_turn(status):
+                        yield event
+                    yield delta.finish
+                    return
+                for event in _events_of(run, delta):
                     yield event
-                yield delta.finish
-                return
-            for event in events:
-                yield event
+                coalesce = merging
     finally:
-        if first is not None:
-            # Ended before the early first delta was read (a stop while writing events).
-            first.cancel()
-            await asyncio.gather(first, return_exceptions=True)
-        await close_stream(stream)
+        inbox.listen(None)
+        await call.discard()
 
 
-def steered(run: Run) -> bool:
-    """Whether a cancellation of the driving task was a steering message's (and is absorbed).
-    Not when a stop came too, or the task was cancelled for another reason as well (the client
-    went away): that cancellation goes on."""
-    if run.reason or not run.interrupting:
-        return False
-    run.interrupting = False
-    task = asyncio.current_task()
-    return task is None or task.uncancel() == 0
+def _waiting(queue: asyncio.Queue[object]) -> list[object]:
+    """Everything on the queue now, consecutive deltas of one part joined; a bell is dropped (the
+    inbox says what came), and the first failure or end is kept last."""
+    taken: list[ProviderEvent] = []
+    last: object | None = None
+    while not queue.empty():
+        got = queue.get_nowait()
+        if got is RING:
+            continue
+        if isinstance(got, BaseException) or got is _ENDED or type(got) is TurnEnd:
+            last = got
+            break
+        taken.append(got)  # type: ignore[arg-type]
+    merged: list[object] = list(merge_deltas(taken))
+    if last is not None:
+        merged.append(last)
+    return merged
 
 
-async def given(completion: Completion) -> Completion:
-    return completion
+def _events_of(run: Run, delta: object) -> list[pb.StreamEvent]:
+    emitter = run.emitter
+    kind = type(delta)
+    if kind is TextDelta:
+        return emitter.on_text(delta.text)  # type: ignore[attr-defined]
+    if kind is ToolCallDelta:
+        assert isinstance(delta, ToolCallDelta)
+        return emitter.on_tool_call(delta.index, delta.call_id, delta.name, delta.arguments)
+    if kind is ReasoningDelta:
+        return emitter.on_reasoning(delta.text)  # type: ignore[attr-defined]
+    if kind is RefusalDelta:
+        return emitter.on_refusal(delta.text)  # type: ignore[attr-defined]
+    if isinstance(delta, BaseException):
+        raise delta
+    raise ProviderError("backend_protocol_error", "the model stream ended without a finish")
 
 
-async def next_delta(stream: AsyncIterator[ProviderEvent]) -> ProviderEvent:
-    """The first delta, awaited in a task of its own (a task needs a coroutine)."""
-    try:
-        return await anext(stream)
-    except StopAsyncIteration:
-        raise ProviderError("backend_protocol_error", "the model stream ended without a finish") from None
+def add_completion(run: Run, completion: Completion) -> list[pb.StreamEvent]:
+    """A whole turn's items, added to the response."""
+    _add_usage(run.response, completion.usage)
+    events: list[pb.StreamEvent] = []
+    for item in completion.items:
+        events += run.emitter.add_item(item)
+    return events
 
 
-async def close_stream(stream: AsyncIterator[ProviderEvent]) -> None:
-    aclose = getattr(stream, "aclose", None)
-    if aclose is not None:
-        await asyncio.shield(aclose())
-
-
-def add_usage(response: pb.Response, usage: pb.Usage | None) -> None:
+def _add_usage(response: pb.Response, usage: pb.Usage | None) -> None:
     if usage is None:
         return
     total = response.usage

@@ -45,5 +45,16 @@ class Cancelled:
     pass
 
 
-TurnOutcome = Completed | ExecuteTools | RequiresAction | Incomplete
+@dataclass(frozen=True, slots=True)
+class RunAgain:
+    """Another turn: tool results, or a steering message, are for the model to see."""
+
+
+@dataclass(frozen=True, slots=True)
+class NextRound:
+    """The model answered and a follow-up waits: it joins the conversation, another turn runs."""
+
+
 FinalOutcome = Completed | RequiresAction | Incomplete | Failed | Cancelled
+# Where one turn of the loop leads.
+TurnOutcome = RunAgain | NextRound | FinalOutcome

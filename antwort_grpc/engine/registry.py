@@ -16,9 +16,8 @@ class RunRegistry:
         self._runs[run.response_id] = run
 
     def finish(self, run: Run) -> None:
-        run.clear_deadline()
         self._runs.pop(run.response_id, None)
-        run.done.set()
+        run.close()
 
     def get(self, response_id: str, owner: str | None = None) -> Run | None:
         """The run, if it runs here (and, when `owner` is given, belongs to them)."""

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 from antwort_grpc import pb
+from antwort_grpc.engine.outcomes import Cancelled, Completed, Failed, FinalOutcome, Incomplete, RequiresAction
 
 S = pb.ResponseStatus
 
@@ -44,3 +47,24 @@ def transition(current: int, new: int) -> int:
     if not can_transition(current, new):
         raise InvalidTransition(f"{S.Name(current)} -> {S.Name(new)}")
     return new
+
+
+def end(response: pb.Response, outcome: FinalOutcome) -> None:
+    """`response` as `outcome` leaves it: its final status (through the state machine), the error
+    or the reason it is incomplete, and when it ended."""
+    match outcome:
+        case Completed():
+            new_status = S.RESPONSE_STATUS_COMPLETED
+        case RequiresAction():
+            new_status = S.RESPONSE_STATUS_REQUIRES_ACTION
+        case Incomplete(reason=reason):
+            new_status = S.RESPONSE_STATUS_INCOMPLETE
+            response.incomplete_details.reason = reason
+        case Failed(code=code, message=message):
+            new_status = S.RESPONSE_STATUS_FAILED
+            response.error.code = code
+            response.error.message = message
+        case Cancelled():
+            new_status = S.RESPONSE_STATUS_CANCELLED
+    response.status = transition(response.status, new_status)  # type: ignore[assignment]
+    response.completed_at.FromNanoseconds(time.time_ns())

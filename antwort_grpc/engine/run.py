@@ -1,45 +1,61 @@
-"""One response from start to end: its state, the emitter of its events, and the inbox of controls.
+"""One response from start to end. The run owns its state: nothing outside writes its fields.
 
-`Engine.start` builds a Run; `events()` drives it (the loop in loop.py) and `send(control)` acts on
-it while it runs, from any task. Controls are checked against the run's state when they arrive
-(a bad one raises RequestError and leaves the run as it was) and take effect where the loop looks:
+Its verbs are few: `append` (the one way the conversation grows), `until` and `receive` (every
+wait races the inbox), `finish` (the one way it ends, through the status state machine), and the
+controls — `send`, `stop`, `detach` — which only record what came and ring the bell of the wait
+the run is in (inbox.py). No control cancels a task: a task is cancelled only by its owner, or by
+asyncio itself when the client goes away or the server shuts down.
 
-- stop (cancel, deadline): at once. While the loop awaits the model, tools, approvals or a resume
-  (`waiting`), the driving task is cancelled outright; otherwise a flag is seen at the next check.
-- steer: at once while the model streams (the stream is cut); during tool calls and approvals
-  when the round ends; otherwise at the next turn boundary.
-- follow_up: when the model gives its final answer. pause: at the next check point.
-- approval: wakes the wait for decisions.
+`Engine.start` builds a Run; `events()` drives it (the loop in loop.py), and controls act on it
+while it runs, from any task:
+- stop (cancel, deadline, max duration): ends the wait the run is in, else seen at its next check;
+- steer: at once while the model answers (the call is cut); during tools and approvals when the
+  round ends; otherwise at the next turn boundary;
+- follow_up: when the model gives its final answer; pause: at the next check point;
+- approval: ends the wait for decisions.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-import grpc
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from antwort_grpc import pb
+from antwort_grpc.engine import response_status
+from antwort_grpc.engine.budget import RunLimits
 from antwort_grpc.engine.emitter import ResponseEmitter
-from antwort_grpc.engine.governor import Governor
-from antwort_grpc.engine.outcomes import Completed, FinalOutcome
+from antwort_grpc.engine.inbox import RING, Inbox
+from antwort_grpc.engine.outcomes import Cancelled, Failed, FinalOutcome, Incomplete
+from antwort_grpc.engine.run_metrics import RunRecorder
 from antwort_grpc.engine.tools import ToolSet
-from antwort_grpc.errors import FieldViolation, RequestError
+from antwort_grpc.engine.window import ContextWindow
 
 if TYPE_CHECKING:
+    from antwort_grpc.engine.hook_gate import HookGate
     from antwort_grpc.engine.model_call import ModelCall
 
-# What the loop awaits when a control arrives (None: it is busy and will look at its next check).
-MODEL = "model"
-TOOLS = "tools"
-APPROVAL = "approval"
-PAUSE = "pause"
+T = TypeVar("T")
 
 
 class Stopped(Exception):
-    """A cancel or deadline noticed at a check point (not during an interruptible wait)."""
+    """A stop (cancel, deadline, max duration) seen by the run: it ends with the stop's outcome."""
+
+
+class Woken:
+    """What `until` returns when a control ended the wait first."""
+
+
+WOKEN = Woken()
+
+
+def stop_or_steer(inbox: Inbox) -> bool:
+    return inbox.attention
+
+
+def stop_only(inbox: Inbox) -> bool:
+    return bool(inbox.stop_reason)
 
 
 @dataclass(slots=True)
@@ -52,78 +68,95 @@ class Continuation:
     outputs: list[pb.FunctionCallOutput] = field(default_factory=list)
     # Client-executed calls approved just now: handed to the client at once.
     handoff: list[pb.FunctionCall] = field(default_factory=list)
+    # Server-side calls approved just now: they pass the same gates as any call before they run.
+    approved: set[str] = field(default_factory=set)
+
+    @property
+    def starts_with_tools(self) -> bool:
+        return bool(self.calls or self.outputs or self.handoff)
+
+
+@dataclass(frozen=True, slots=True)
+class RunSetup:
+    """What a run is made of, besides its request and response."""
+
+    input_items: list[pb.Item]
+    context: list[pb.Item]
+    tools: ToolSet
+    owner: str
+    limits: RunLimits
+    window: ContextWindow
+    hooks: HookGate | None = None
+    continuation: Continuation = field(default_factory=Continuation)
+    controller: bool = False
 
 
 class Run:
-    def __init__(
-        self,
-        request: pb.CreateResponseRequest,
-        response: pb.Response,
-        input_items: list[pb.Item],
-        context: list[pb.Item],
-        tools: ToolSet,
-        owner: str,
-        *,
-        controller: bool = False,
-        continuation: Continuation | None = None,
-        governor: Governor | None = None,
-    ) -> None:
+    def __init__(self, request: pb.CreateResponseRequest, response: pb.Response, setup: RunSetup) -> None:
         self.request = request
-        self.response = response
         self.emitter = ResponseEmitter(response)
-        self.input_items = input_items
-        # Everything the model sees, in order: history, input, and what this response added.
-        self.context = context
-        self.tools = tools
+        self.input_items = setup.input_items
+        self.tools = setup.tools
         # Who started it: only they may read or control it.
-        self.owner = owner
-        # A client is attached that can decide approvals while the run waits (a Converse stream).
-        self.controller = controller
-        self.continuation = continuation or Continuation()
-        # The policy over the run: hooks, limits, tool timeouts, the context window, metrics.
-        self.governor = governor if governor is not None else Governor(request)
-        self.governor.bind(response)
-        self.outcome: FinalOutcome = Completed()
-        # The first turn's model call, started before `created` is written.
-        self.early: ModelCall | None = None
-        self.task: asyncio.Task[object] | None = None
+        self.owner = setup.owner
+        self.limits = setup.limits
+        self.window = setup.window
+        self.hooks = setup.hooks
+        self.continuation = setup.continuation
+        self.inbox = Inbox(setup.controller)
+        self.record = RunRecorder()
         self.done = asyncio.Event()
-        # "cancelled" or "deadline" once a stop was asked for.
-        self.reason = ""
-        self.waiting: str | None = None
-        # Something for the loop to look at on its next check (a stop or a steer): one flag, read
-        # once per streamed delta.
-        self.attention = False
-        # The driving task was cancelled to cut a model call short for a steering message.
-        self.interrupting = False
-        self.turn = 0
-        self.round = 0
-        # Ids of output items made ahead (for the next model call's hooks asked ahead), by call id:
-        # the items added then are the same items.
-        self.output_ids: dict[str, str] = {}
-        # The inbox.
-        self.steer: list[pb.Item] = []
-        self.follow_ups: list[list[pb.Item]] = []
-        self.pause_reason: str | None = None
-        self.paused = False
-        # Calls waiting for approval (by call_id) and the decisions that came for them.
-        self.awaiting: dict[str, pb.ApprovalRequest] = {}
-        self.decisions: dict[str, pb.ApprovalResponse] = {}
-        self._wake = asyncio.Event()
+        # Everything the model sees, in order: history, input, and what this response added.
+        self._context = setup.context
+        self._turn = 0
+        self._round = 0
+        self._outcome: FinalOutcome | None = None
+        # The first turn's model call, started before `created` is written.
+        self._early: ModelCall | None = None
         # Calls superseded since the last injection (reported with it).
-        self.superseded: list[str] = []
+        self._superseded: list[str] = []
         # The request's deadline in loop time (remote executors pass what remains of it on).
         self.deadline: float | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._timers: list[asyncio.TimerHandle] = []
         self._events: Callable[[Run], AsyncGenerator[pb.StreamEvent, None]] | None = None
+        if self.hooks is not None:
+            self.hooks.bind(response)
+
+    # -- what anyone may read ----------------------------------------------------------------------
+
+    @property
+    def response(self) -> pb.Response:
+        return self.emitter.response
 
     @property
     def response_id(self) -> str:
-        return self.response.id
+        return self.emitter.response.id
 
     @property
-    def stop_requested(self) -> bool:
-        return bool(self.reason)
+    def context(self) -> Sequence[pb.Item]:
+        return self._context
+
+    @property
+    def turn(self) -> int:
+        return self._turn
+
+    @property
+    def round(self) -> int:
+        return self._round
+
+    @property
+    def outcome(self) -> FinalOutcome | None:
+        return self._outcome
+
+    @property
+    def stop_reason(self) -> str:
+        return self.inbox.stop_reason
+
+    @property
+    def controller(self) -> bool:
+        return self.inbox.controller
+
+    # -- the driver --------------------------------------------------------------------------------
 
     def bind(self, driver: Callable[[Run], AsyncGenerator[pb.StreamEvent, None]]) -> None:
         self._events = driver
@@ -135,93 +168,134 @@ class Run:
         events, self._events = self._events, None
         return events(self)
 
-    # -- controls --------------------------------------------------------------------------------
+    # -- controls (any task) -----------------------------------------------------------------------
 
     def send(self, control: pb.Control) -> None:
         """Act on the run; RequestError (and no effect) when the control does not fit its state."""
-        which = control.WhichOneof("control")
-        if self.done.is_set() or self.reason:
-            raise _precondition("response", f"response {self.response_id!r} is not in progress", "not_in_progress")
-        if which == "cancel":
-            self.stop("cancelled")
-        elif which == "steer":
-            self.steer += [_copy(i) for i in control.steer.items]
-            self.attention = True
-            if self.waiting == MODEL and self.task is not None and not self.interrupting:
-                self.interrupting = True
-                self.task.cancel()
-            self._wake.set()
-        elif which == "follow_up":
-            self.follow_ups.append([_copy(i) for i in control.follow_up.items])
-        elif which == "approval":
-            call_id = control.approval.call_id
-            if call_id not in self.awaiting or call_id in self.decisions:
-                raise _precondition(
-                    "control.approval.call_id", f"no call {call_id!r} is waiting for approval", "not_awaiting_approval"
-                )
-            decision = pb.ApprovalResponse()
-            decision.CopyFrom(control.approval)
-            self.decisions[call_id] = decision
-            self._wake.set()
-        elif which == "pause":
-            self.pause_reason = control.pause.reason
-        elif which == "resume":
-            if not self.paused and self.pause_reason is None:
-                raise _precondition("control.resume", "the response is not paused", "not_paused")
-            self.pause_reason = None
-            self._wake.set()
-        else:
-            raise RequestError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "a control needs one of steer, follow_up, approval, pause, resume, cancel",
-                [FieldViolation("control", "required")],
-                "invalid_request",
-            )
-
-    def detach(self) -> None:
-        """The controlling client went away: nobody is left to decide approvals."""
-        self.controller = False
-        self._wake.set()
+        self.inbox.send(control, self.response_id, self.done.is_set())
 
     def stop(self, reason: str = "cancelled") -> None:
-        if self.reason:
-            return
-        self.reason = reason
-        self.attention = True
-        if self.waiting is not None and self.task is not None:
-            self.task.cancel()
+        self.inbox.stop(reason)
 
-    def set_deadline(self, when: float) -> None:
-        self._timer = asyncio.get_running_loop().call_at(when, self.stop, "deadline")
+    def detach(self) -> None:
+        self.inbox.detach()
 
-    def clear_deadline(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+    def stop_at(self, when: float, reason: str) -> None:
+        """Stop with `reason` at `when` (loop time)."""
+        self._timers.append(asyncio.get_running_loop().call_at(when, self.stop, reason))
 
-    # -- used by the loop ------------------------------------------------------------------------
+    # -- the run's own verbs -----------------------------------------------------------------------
 
-    async def wake(self, timeout_at: float | None = None) -> bool:
-        """Wait until a control arrives (False when `timeout_at`, in loop time, passes first)."""
+    def append(self, items: Sequence[pb.Item]) -> None:
+        """Items the conversation gains (the model's output, tool outputs, injected input)."""
+        self._context += items
+
+    def next_turn(self) -> int:
+        self._turn += 1
+        self.record.turns = self._turn
+        return self._turn
+
+    def next_round(self) -> int:
+        self._round += 1
+        return self._round
+
+    def check(self) -> None:
+        """A check point: a stop that came ends the run here."""
+        if self.inbox.stop_reason:
+            raise Stopped
+
+    def start_early(self, call: ModelCall) -> None:
+        self._early = call
+
+    def take_early(self) -> ModelCall | None:
+        call, self._early = self._early, None
+        return call
+
+    def supersede(self, call_ids: Sequence[str]) -> None:
+        self._superseded += call_ids
+
+    def take_superseded(self) -> list[str]:
+        taken, self._superseded = self._superseded, []
+        return taken
+
+    async def until(self, awaitable: Awaitable[T], wakes: Callable[[Inbox], bool] = stop_only) -> T | Woken:
+        """`awaitable`'s result, unless a control for which `wakes(inbox)` holds comes first: then
+        WOKEN, and the awaitable (run in a task the run owns) is cancelled."""
+        task = asyncio.ensure_future(awaitable)
+        if wakes(self.inbox):
+            await _cancel(task)
+            return WOKEN
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        task.add_done_callback(queue.put_nowait)
+        self.inbox.listen(queue)
+        try:
+            while True:
+                got = await queue.get()
+                if got is task:
+                    return task.result()
+                if wakes(self.inbox):
+                    return WOKEN
+        finally:
+            self.inbox.listen(None)
+            if not task.done():
+                task.remove_done_callback(queue.put_nowait)
+                await _cancel(task)
+
+    async def receive(self, queue: asyncio.Queue[T]) -> T | object:
+        """The next thing on `queue` (a model call's deltas, tool results), or RING when a control
+        came first (the caller looks at the inbox)."""
+        if not queue.empty():
+            return queue.get_nowait()
+        self.inbox.listen(queue)  # type: ignore[arg-type]
+        try:
+            return await queue.get()
+        finally:
+            self.inbox.listen(None)
+
+    async def wait_for_control(self, timeout_at: float | None = None) -> bool:
+        """Wait until a control comes (False when `timeout_at`, in loop time, passes first)."""
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        self.inbox.listen(queue)
         try:
             async with asyncio.timeout_at(timeout_at):
-                await self._wake.wait()
+                return await queue.get() is RING
         except TimeoutError:
             return False
         finally:
-            self._wake.clear()
-        return True
+            self.inbox.listen(None)
 
-    def take_steer(self) -> list[pb.Item]:
-        items, self.steer = self.steer, []
-        self.attention = bool(self.reason)
-        return items
+    def finish(self, outcome: FinalOutcome) -> None:
+        """The run's end: the outcome applied to the response through the status state machine."""
+        response_status.end(self.response, outcome)
+        self._outcome = outcome
+        self.stop_timers()
+
+    @property
+    def ended(self) -> bool:
+        return self._outcome is not None
+
+    def stop_timers(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        self._timers = []
+
+    def close(self) -> None:
+        """Nothing more will run: timers off, what is still queued dropped, `done` set."""
+        self.stop_timers()
+        self.inbox.clear()
+        self.done.set()
+
+    def stop_outcome(self) -> FinalOutcome:
+        """The outcome of the stop that came."""
+        reason = self.inbox.stop_reason
+        if reason == "max_duration":
+            return Incomplete("max_duration")
+        if reason == "deadline":
+            return Failed("deadline_exceeded", "the request's deadline passed before the response finished")
+        return Cancelled()
 
 
-def _copy(item: pb.Item) -> pb.Item:
-    copy = pb.Item()
-    copy.CopyFrom(item)
-    return copy
-
-
-def _precondition(field_name: str, message: str, reason: str) -> RequestError:
-    return RequestError(grpc.StatusCode.FAILED_PRECONDITION, message, [FieldViolation(field_name, message)], reason)
+async def _cancel(task: asyncio.Future[Any]) -> None:
+    """Cancel a task the run owns and wait for it to end (it may need to clean up)."""
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

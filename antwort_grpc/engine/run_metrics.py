@@ -33,6 +33,20 @@ class RunRecorder:
     tools: dict[str, _Tool] = field(default_factory=dict)
     # Per model call: turn, (input, output, total) tokens, seconds, answered by a hook.
     turn_metrics: list[tuple[int, tuple[int, int, int], float, bool]] = field(default_factory=list)
+    # The model call under way: when it started and the response's usage then.
+    _model_started: float = 0.0
+    _usage_before: tuple[int, int, int] = (0, 0, 0)
+
+    def model_started(self, usage: pb.Usage) -> None:
+        self._model_started = time.perf_counter()
+        self._usage_before = (usage.input_tokens, usage.output_tokens, usage.total_tokens)
+
+    def model_ended(self, turn: int, usage: pb.Usage, *, by_hook: bool) -> tuple[int, int, int]:
+        """The model call of `turn` ended with the response's usage at `usage`: what it spent."""
+        before = self._usage_before
+        spent = (usage.input_tokens - before[0], usage.output_tokens - before[1], usage.total_tokens - before[2])
+        self.model_call(turn, spent, time.perf_counter() - self._model_started, by_hook=by_hook)
+        return spent
 
     def model_call(self, turn: int, tokens: tuple[int, int, int], seconds: float, *, by_hook: bool = False) -> None:
         """One model call (or a hook's answer in its place) of turn `turn`."""

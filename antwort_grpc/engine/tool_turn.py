@@ -1,94 +1,144 @@
 """The tool part of a turn: the gate before calls start (pause, approvals by hooks or a client, a
-steering message that supersedes them) and running the server-side calls concurrently, with their
-outputs fed back in the model's order.
+steering message that supersedes them) and running the server-side calls concurrently — each
+within its timeout, between its hooks — with their outputs fed back in the model's order.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Collection, Sequence
 
 from antwort_grpc import pb
-from antwort_grpc.engine import policy
+from antwort_grpc.engine import turn_rules
+from antwort_grpc.engine.budget import ToolTimeouts, limit_reached
 from antwort_grpc.engine.checkpoints import checkpoint
 from antwort_grpc.engine.emitter import new_item_id
-from antwort_grpc.engine.governor import Following
+from antwort_grpc.engine.hook_gate import Following, Gated
+from antwort_grpc.engine.inbox import RING
 from antwort_grpc.engine.model_call import turn_request
-from antwort_grpc.engine.outcomes import ExecuteTools, RequiresAction
-from antwort_grpc.engine.run import APPROVAL, TOOLS, Run, Stopped
+from antwort_grpc.engine.outcomes import ExecuteTools, Failed, RequiresAction
+from antwort_grpc.engine.run import Run, Stopped
+from antwort_grpc.engine.step import Step
+from antwort_grpc.engine.tools import Route
+from antwort_grpc.engine.turn_rules import Screened
+from antwort_grpc.executors.base import ProgressSink, ToolTimeoutSource
 from antwort_grpc.hooks.dispatch import Paused
 from antwort_grpc.providers.base import TurnRequest
 
+FAIL: int = pb.ToolFailureMode.TOOL_FAILURE_MODE_FAIL
+ITEM_COMPLETED: int = pb.ItemStatus.ITEM_STATUS_COMPLETED
 
-async def gate(
-    run: Run, screened: policy.Screened, approval_timeout: float
-) -> AsyncIterator[pb.StreamEvent | RequiresAction | ExecuteTools]:
-    """Approvals before the calls start; then where the turn goes (yielded last). A client's
-    decision is awaited up to `approval_timeout` seconds, then the call is denied ("timeout")."""
-    accepted, rejected = list(screened.accepted), list(screened.rejected)
-    routes = run.tools.routes
-    server_side = run.tools.server_side
-    pause = True
-    while True:
-        if run.steer:
-            # A steering message came before the calls started: none of them runs.
-            yield ExecuteTools([], rejected + supersede_outputs(run, accepted))
+
+class ToolGate(Step[RequiresAction | ExecuteTools]):
+    """Approvals before the calls start; the result says where the turn goes. A client's decision
+    is awaited up to `approval_timeout` seconds, then the call is denied ("timeout").
+    `approved`: calls a client approved already (in a continuation's approval_response items)."""
+
+    def __init__(
+        self, run: Run, screened: Screened, approval_timeout: float, approved: Collection[str] = frozenset()
+    ) -> None:
+        super().__init__()
+        self.run = run
+        self.accepted = list(screened.accepted)
+        self.rejected = list(screened.rejected)
+        self.approval_timeout = approval_timeout
+        self.approved = set(approved)
+        self._gated = Gated(self.accepted, [], set())
+
+    async def events(self) -> AsyncIterator[pb.StreamEvent]:
+        run = self.run
+        async for event in self._hooks():
+            yield event
+        if self.ended:
+            return  # superseded
+        gated = self._gated
+        self.rejected += gated.denied
+        routes = run.tools.routes
+        approved = self.approved | gated.approved
+        waiting = [
+            c
+            for c in gated.calls
+            if c.call_id not in approved and turn_rules.needs_approval(c.name, routes[c.name].tool)
+        ]
+        if not waiting:
+            self.end(turn_rules.route_calls(gated.calls, self.rejected, run.tools.server_side))
             return
-        # A hook's pause check, then approve-tool hooks decide first, on the same path as a
-        # client's decision.
-        gated = await run.governor.before_tools(accepted, routes, pause)
-        for event in run.governor.hook_events(run.emitter):
+        async for event in self._ask(gated.calls, waiting):
             yield event
-        if not isinstance(gated, Paused):
-            break
-        run.pause_reason, pause = gated.reason, False
-        async for event in checkpoint(run, inject=False):
+
+    async def _hooks(self) -> AsyncIterator[pb.StreamEvent]:
+        """A hook's pause check, then approve-tool hooks decide first, on the same path as a
+        client's decision."""
+        run = self.run
+        pause = True
+        while True:
+            if run.inbox.steer:
+                # A steering message came before the calls started: none of them runs.
+                self.end(ExecuteTools([], self.rejected + supersede_outputs(run, self.accepted)))
+                return
+            if run.hooks is None:
+                self._gated = Gated(self.accepted, [], set())
+                return
+            gated = await run.hooks.before_tools(self.accepted, run.tools.routes, pause)
+            for event in run.hooks.events(run.emitter):
+                yield event
+            if not isinstance(gated, Paused):
+                self._gated = gated
+                return
+            run.inbox.pause(gated.reason)
+            pause = False
+            async for event in checkpoint(run, inject=False):
+                yield event
+
+    async def _ask(self, calls: list[pb.FunctionCall], waiting: list[pb.FunctionCall]) -> AsyncIterator[pb.StreamEvent]:
+        run = self.run
+        routes = run.tools.routes
+        server_side = run.tools.server_side
+        requests = [approval_request(c, routes[c.name].tool) for c in waiting]
+        emitter = run.emitter
+        emitter.start_turn()
+        for request in requests:
+            for event in emitter.add_item(pb.Item(approval_request=request)):
+                yield event
+        run.append(emitter.turn_items)
+        # A decision may come the moment the event is out, before this generator resumes.
+        run.inbox.awaiting = {r.call_id: r for r in requests} if run.controller else {}
+        yield emitter.approval_requested(requests)
+        if not run.controller:
+            # Nobody can decide now: the response pauses; the client continues it with
+            # approval_response items (calls that need no approval run then too).
+            free = [c for c in calls if c not in waiting and c.name not in server_side]
+            self.end(RequiresAction(free, self.rejected, requests))
+            return
+        async for event in _await_decisions(run, requests, self.approval_timeout):
             yield event
-    accepted, denied, hook_approved = gated
-    rejected += denied
-    waiting = [
-        c for c in accepted if c.call_id not in hook_approved and policy.needs_approval(c.name, routes[c.name].tool)
-    ]
-    if not waiting:
-        yield policy.route_calls(accepted, rejected, server_side)
-        return
-    requests = [approval_request(c, routes[c.name].tool) for c in waiting]
-    emitter = run.emitter
-    emitter.start_turn()
-    for request in requests:
-        for event in emitter.add_item(pb.Item(approval_request=request)):
-            yield event
-    run.context += emitter.turn_items
-    # A decision may come the moment the event is out, before this generator resumes.
-    run.awaiting = {r.call_id: r for r in requests} if run.controller else {}
-    yield emitter.approval_requested(requests)
-    if not run.controller:
-        # Nobody can decide now: the response pauses; the client continues it with
-        # approval_response items (calls that need no approval run then too).
-        free = [c for c in accepted if c not in waiting and c.name not in server_side]
-        yield RequiresAction(free, rejected, requests)
-        return
-    async for event in _await_decisions(run, requests, approval_timeout):
-        yield event
-    if run.steer:
-        yield ExecuteTools([], rejected + supersede_outputs(run, accepted))
-        return
-    undecided = [r for r in requests if r.call_id not in run.decisions]
-    decisions, run.decisions, run.awaiting = run.decisions, {}, {}
-    approved: list[pb.FunctionCall] = []
-    for call in accepted:
-        decision = decisions.get(call.call_id)
-        if call.call_id in {r.call_id for r in undecided}:
-            continue
-        if decision is not None and not decision.approve:
-            rejected.append(policy.denied_output(call, decision.reason))
-        else:
-            approved.append(call)
-    if undecided:
-        # The controlling client went away: the rest is decided with a continuation.
-        yield RequiresAction([c for c in approved if c.name not in server_side], rejected, undecided)
-        return
-    yield policy.route_calls(approved, rejected, server_side)
+        if run.inbox.steer:
+            self.end(ExecuteTools([], self.rejected + supersede_outputs(run, calls)))
+            return
+        self.end(self._decided(calls, requests))
+
+    def _decided(
+        self, calls: list[pb.FunctionCall], requests: list[pb.ApprovalRequest]
+    ) -> RequiresAction | ExecuteTools:
+        inbox = self.run.inbox
+        server_side = self.run.tools.server_side
+        undecided = {r.call_id for r in requests if r.call_id not in inbox.decisions}
+        decisions, inbox.decisions, inbox.awaiting = inbox.decisions, {}, {}
+        approved: list[pb.FunctionCall] = []
+        for call in calls:
+            decision = decisions.get(call.call_id)
+            if call.call_id in undecided:
+                continue
+            if decision is not None and not decision.approve:
+                self.rejected.append(turn_rules.denied_output(call, decision.reason))
+            else:
+                approved.append(call)
+        if undecided:
+            # The controlling client went away: the rest is decided with a continuation.
+            left = [r for r in requests if r.call_id in undecided]
+            return RequiresAction([c for c in approved if c.name not in server_side], self.rejected, left)
+        return turn_rules.route_calls(approved, self.rejected, server_side)
 
 
 def supersede(run: Run, calls: Sequence[pb.FunctionCall]) -> list[pb.StreamEvent]:
@@ -98,9 +148,9 @@ def supersede(run: Run, calls: Sequence[pb.FunctionCall]) -> list[pb.StreamEvent
 
 
 def supersede_outputs(run: Run, calls: list[pb.FunctionCall]) -> list[pb.FunctionCallOutput]:
-    run.superseded += [c.call_id for c in calls]
-    run.decisions, run.awaiting = {}, {}
-    return [policy.error_output(c, policy.SUPERSEDED) for c in calls]
+    run.supersede([c.call_id for c in calls])
+    run.inbox.decisions, run.inbox.awaiting = {}, {}
+    return [turn_rules.error_output(c, turn_rules.SUPERSEDED) for c in calls]
 
 
 async def _await_decisions(
@@ -109,102 +159,200 @@ async def _await_decisions(
     """Wait until every request is decided (each decision is recorded as an approval_response
     output item when it arrives), a steering message comes, the approval timeout passes
     (undecided ones are denied with reason "timeout"), or the controlling client goes away."""
-    run.awaiting = {r.call_id: r for r in requests}
-    run.governor.flush()
+    inbox = run.inbox
+    inbox.awaiting = {r.call_id: r for r in requests}
+    if run.hooks is not None:
+        run.hooks.flush()
     emitter = run.emitter
     timeout_at = asyncio.get_running_loop().time() + approval_timeout
     recorded: set[str] = set()
     while True:
-        for call_id, decision in list(run.decisions.items()):
+        for call_id, decision in list(inbox.decisions.items()):
             if call_id not in recorded:
                 recorded.add(call_id)
                 emitter.start_turn()
                 for event in emitter.add_item(pb.Item(approval_response=decision)):
                     yield event
-                run.context += emitter.turn_items
-        if len(recorded) == len(requests) or run.steer or not run.controller:
+                run.append(emitter.turn_items)
+        if len(recorded) == len(requests) or inbox.steer or not inbox.controller:
             return
-        run.waiting = APPROVAL
+        run.check()
+        if not await run.wait_for_control(timeout_at):
+            for call_id in inbox.awaiting:
+                inbox.decisions.setdefault(call_id, pb.ApprovalResponse(call_id=call_id, reason="timeout"))
+
+
+class ToolRound(Step[Failed | None]):
+    """A turn's server-side calls, run concurrently; outputs go back in the model's order. The
+    result: the response's end when a call failed and the request's failure mode is FAIL."""
+
+    def __init__(self, run: Run, plan: ExecuteTools) -> None:
+        super().__init__()
+        self.run = run
+        self.plan = plan
+        self.timeouts = ToolTimeouts.of(run.request)
+        self.fail_on_error = run.request.tool_failure_mode == FAIL
+        self.failed: Failed | None = None
+        self.queue: asyncio.Queue[object] = asyncio.Queue()
+
+    async def events(self) -> AsyncIterator[pb.StreamEvent]:
+        run = self.run
+        if run.hooks is not None:
+            run.hooks.flush()
+        calls = self.plan.calls
+        items = _call_items(run, calls)
+        following = _following(run, self.plan)
+        tasks: list[asyncio.Task[None]] = []
+        for position, call in enumerate(calls):
+            if call.call_id in items:
+                yield run.emitter.tool_started(*items[call.call_id])
+            tasks.append(asyncio.create_task(self._one(position, call, following)))
+        results: dict[int, pb.FunctionCallOutput] = {}
         try:
-            woke = await run.wake(timeout_at)
+            async for event in self._collect(items, results, len(tasks)):
+                yield event
         finally:
-            run.waiting = None
-        if not woke:
-            for call_id in run.awaiting:
-                run.decisions.setdefault(call_id, pb.ApprovalResponse(call_id=call_id, reason="timeout"))
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        outputs = [results[p] for p in range(len(calls)) if p in results]
+        for event in add_outputs(run, in_model_order(run, outputs + list(self.plan.rejected))):
+            yield event
+        self.end(self.failed)
 
-
-async def execute(run: Run, plan: ExecuteTools) -> AsyncIterator[pb.StreamEvent]:
-    """Run a turn's server-side calls concurrently; outputs go back in the model's order."""
-    run.governor.flush()
-    emitter = run.emitter
-    items = {i.function_call.call_id: (i, n) for n, i in enumerate(run.response.output)}
-    queue: asyncio.Queue[tuple[int, str | pb.FunctionCallOutput]] = asyncio.Queue()
-    results: dict[int, pb.FunctionCallOutput] = {}
-    tasks: list[asyncio.Task[None]] = []
-
-    following = _following(run, plan)
-
-    async def one(position: int, call: pb.FunctionCall) -> None:
-        route = run.tools.routes[call.name]
-        result = await run.governor.run_tool(call, route, lambda m: queue.put_nowait((position, m)), following)
-        queue.put_nowait((position, result))
-
-    for position, call in enumerate(plan.calls):
-        if call.call_id in items:
-            item, index = items[call.call_id]
-            yield emitter.tool_started(item, index)
-        tasks.append(asyncio.create_task(one(position, call)))
-    try:
-        while len(results) < len(tasks):
-            run.waiting = TOOLS
-            try:
-                position, update = await queue.get()
-            finally:
-                run.waiting = None
-            call = plan.calls[position]
-            found = items.get(call.call_id)
+    async def _collect(
+        self, items: dict[str, tuple[pb.Item, int]], results: dict[int, pb.FunctionCallOutput], count: int
+    ) -> AsyncIterator[pb.StreamEvent]:
+        run = self.run
+        emitter = run.emitter
+        while len(results) < count:
+            got = await run.receive(self.queue)
+            if got is RING:
+                run.check()  # a stop ends the calls; anything else waits for the round's end
+                continue
+            assert isinstance(got, tuple)
+            position: int = got[0]
+            update: str | pb.FunctionCallOutput = got[1]
+            timed_out: bool = got[2]
+            found = items.get(self.plan.calls[position].call_id)
             if isinstance(update, str):
                 if found:
                     yield emitter.tool_progress(found[0], found[1], update)
                 continue
             results[position] = update
             if found:
-                yield emitter.tool_finished(found[0], found[1], update, call.call_id in run.governor.timed_out)
-            for event in run.governor.hook_events(emitter):
-                yield event
-            if run.reason:
-                raise Stopped
-            if run.governor.failed_call is not None:
-                break  # FAIL mode: the calls still running are cancelled; outputs so far kept
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    outputs = [results[p] for p in range(len(plan.calls)) if p in results]
-    for event in add_outputs(run, in_model_order(run, outputs + list(plan.rejected))):
-        yield event
+                yield emitter.tool_finished(found[0], found[1], update, timed_out)
+            if run.hooks is not None:
+                for event in run.hooks.events(emitter):
+                    yield event
+            run.check()
+            if self.failed is not None:
+                return  # FAIL mode: the calls still running are cancelled; outputs so far kept
+
+    async def _one(self, position: int, call: pb.FunctionCall, following: Following | None) -> None:
+        run = self.run
+        route = run.tools.routes[call.name]
+        put = self.queue.put_nowait
+        result, timed_out, executed = await run_tool(
+            run, call, route, lambda m: put((position, m, False)), self.timeouts, following
+        )
+        if executed and result.is_error and self.fail_on_error and self.failed is None:
+            self.failed = Failed("tool_failed", f"tool call {call.name!r} ({call.call_id}) failed: {result.output}")
+        put((position, result, timed_out))
+
+
+async def run_tool(
+    run: Run,
+    call: pb.FunctionCall,
+    route: Route,
+    progress: ProgressSink,
+    timeouts: ToolTimeouts,
+    following: Following | None = None,
+) -> tuple[pb.FunctionCallOutput, bool, bool]:
+    """One server-side call: before-tool hooks, the executor within the call's timeout,
+    after-tool hooks; every failure an is_error output. The output, whether it timed out, and
+    whether the executor ran it (a before-tool hook may answer instead). `following`: for a
+    turn's one call, the next model call as it will be with this result (its hooks are asked
+    ahead, with the after-tool hooks)."""
+    hooks = run.hooks
+    result: pb.FunctionCallOutput | None = None
+    decision = await hooks.before_tool(call, route.tool) if hooks is not None else None
+    if decision is not None:
+        call, result = decision.call, decision.result
+    executed = result is None
+    started = time.perf_counter()
+    timed_out = False
+    if result is None:
+        result, timed_out = await _execute(call, route, progress, timeouts)
+    seconds = time.perf_counter() - started
+    result.call_id = call.call_id
+    if hooks is not None:
+        fails = executed and result.is_error and run.request.tool_failure_mode == FAIL
+        result = await hooks.after_tool(call, result, None if fails else following)
+    run.record.tool_call(call.name, seconds, is_error=result.is_error, timed_out=timed_out)
+    return result, timed_out, executed
+
+
+async def _execute(
+    call: pb.FunctionCall, route: Route, progress: ProgressSink, timeouts: ToolTimeouts
+) -> tuple[pb.FunctionCallOutput, bool]:
+    executor = route.executor
+    assert executor is not None
+    advertised = executor.tool_timeout(call.name) if isinstance(executor, ToolTimeoutSource) else None
+    timeout = timeouts.for_tool(call.name, advertised)
+    try:
+        # Cancelled all the way down on timeout: a remote executor sees its RPC cancelled.
+        async with asyncio.timeout(timeout) as limit:
+            return await executor.execute(call, route.tool, progress), False
+    except TimeoutError:
+        if not limit.expired():
+            return _error(call, f"tool {call.name!r} failed: TimeoutError"), False
+        return _error(call, f"tool {call.name!r} timed out after {timeout:g} s"), True
+    except Exception as err:
+        return _error(call, f"tool {call.name!r} failed: {err}"), False
+
+
+def _error(call: pb.FunctionCall, message: str) -> pb.FunctionCallOutput:
+    return pb.FunctionCallOutput(call_id=call.call_id, output=message, is_error=True)
+
+
+def _call_items(run: Run, calls: Sequence[pb.FunctionCall]) -> dict[str, tuple[pb.Item, int]]:
+    """The function_call item of each call and its output index, for the tool events. A call an
+    earlier response made (a continuation) has index -1: it is an item of that response."""
+    wanted = {c.call_id for c in calls}
+    found: dict[str, tuple[pb.Item, int]] = {}
+    for index, item in enumerate(run.response.output):
+        if item.WhichOneof("kind") == "function_call" and item.function_call.call_id in wanted:
+            found[item.function_call.call_id] = (item, index)
+    if len(found) < len(wanted):
+        for item in run.context:
+            call_id = item.function_call.call_id if item.WhichOneof("kind") == "function_call" else ""
+            if call_id in wanted and call_id not in found:
+                found[call_id] = (item, -1)
+    return found
 
 
 def _following(run: Run, plan: ExecuteTools) -> Following | None:
     """For a turn with one server-side call: the next model call as it will be if the call's
     result stays as it is and nothing comes first (a stop, a pause, a steering message, a
     limit), so that its hooks can be asked ahead, with the call's after-tool hooks."""
-    if len(plan.calls) != 1:
+    hooks = run.hooks
+    if len(plan.calls) != 1 or hooks is None:
         return None
 
     def following(result: pb.FunctionCallOutput) -> tuple[int, TurnRequest] | None:
-        if run.reason or run.steer or run.pause_reason is not None:
+        inbox = run.inbox
+        if inbox.stop_reason or inbox.steer or inbox.pause_reason is not None:
             return None
-        if run.governor.limit_reached(run.turn, run.response) is not None:
+        if limit_reached(run.limits, run.turn, run.response.usage.output_tokens) is not None:
             return None
         items = []
         for output in in_model_order(run, [result, *plan.rejected]):
-            # Made as `_add_outputs` will make it, under the id it will have.
-            item_id = run.output_ids.setdefault(output.call_id, new_item_id("function_call_output"))
-            items.append(pb.Item(id=item_id, status=pb.ItemStatus.ITEM_STATUS_COMPLETED, function_call_output=output))
+            # Made as `add_outputs` will make it, under the id it will have.
+            item_id = hooks.item_id(output.call_id, lambda: new_item_id("function_call_output"))
+            items.append(pb.Item(id=item_id, status=ITEM_COMPLETED, function_call_output=output))  # type: ignore[arg-type]
         turn = run.turn + 1
-        return turn, turn_request(run, turn, run.context + items)
+        return turn, turn_request(run, turn, [*run.context, *items])
 
     return following
 
@@ -214,9 +362,9 @@ def add_outputs(run: Run, outputs: Sequence[pb.FunctionCallOutput]) -> list[pb.S
     events: list[pb.StreamEvent] = []
     emitter.start_turn()
     for output in outputs:
-        item_id = run.output_ids.pop(output.call_id, "")
+        item_id = run.hooks.item_id(output.call_id) if run.hooks is not None else ""
         events += emitter.add_item(pb.Item(id=item_id, function_call_output=output))
-    run.context += emitter.turn_items
+    run.append(emitter.turn_items)
     return events
 
 
@@ -234,3 +382,6 @@ def in_model_order(run: Run, outputs: Sequence[pb.FunctionCallOutput]) -> list[p
 def approval_request(call: pb.FunctionCall, tool: pb.Tool) -> pb.ApprovalRequest:
     label = tool.mcp.server_label if tool.WhichOneof("kind") == "mcp" else ""
     return pb.ApprovalRequest(call_id=call.call_id, name=call.name, arguments=call.arguments, server_label=label)
+
+
+__all__ = ["Stopped", "ToolGate", "ToolRound", "add_outputs", "run_tool", "supersede"]

@@ -9,8 +9,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from antwort_grpc import pb
-from antwort_grpc.engine.outcomes import Completed, ExecuteTools, Incomplete, RequiresAction, TurnOutcome
+from antwort_grpc.engine.outcomes import Completed, ExecuteTools, Incomplete, RequiresAction
 from antwort_grpc.providers.base import FinishReason
+
+Planned = Completed | ExecuteTools | RequiresAction | Incomplete
 
 Mode = pb.ToolChoiceMode
 
@@ -148,7 +150,7 @@ def plan_turn(
     loop_enabled: bool,
     server_side: frozenset[str] | Mapping[str, object],
     known: frozenset[str] | Mapping[str, object],
-) -> TurnOutcome:
+) -> Planned:
     """Where the response goes after a turn's inference (when no call needs approval).
 
     `server_side` holds the tool names a server-side executor runs; every other known tool is

@@ -127,3 +127,28 @@ def smaller(limits: WindowLimits, window: Window) -> WindowLimits:
         max_items=max(1, min(limits.max_items or kept, kept) // 2),
         max_tokens=max(1, min(limits.max_tokens or window.tokens, window.tokens) // 2),
     )
+
+
+class ContextWindow:
+    """The window of one response: its limits (smaller after a backend said the context was too
+    long) and the most items any model call left out. No I/O: the model-call site asks it."""
+
+    __slots__ = ("limits", "omitted")
+
+    def __init__(self, limits: WindowLimits) -> None:
+        self.limits = limits
+        self.omitted = 0
+
+    def view(self, items: Sequence[pb.Item], instructions: str) -> tuple[pb.Item, ...]:
+        """What the model sees of the conversation."""
+        if self.limits.unlimited:
+            return tuple(items)
+        window = apply_window(items, instructions, self.limits)
+        self.omitted = max(self.omitted, window.omitted)
+        return tuple(window.items)
+
+    def shrink(self, items: Sequence[pb.Item], instructions: str) -> tuple[pb.Item, ...]:
+        """`items` were too long for the backend: the limits halve, and what the model sees now."""
+        sent = apply_window(items, instructions, UNLIMITED)
+        self.limits = smaller(self.limits, sent)
+        return self.view(items, instructions)

@@ -167,7 +167,6 @@ async def start_gateway(
         store,
         EngineConfig(
             executors=list(executors),
-            max_turns=settings.max_turns,
             default_model=settings.model,
             history_max_depth=settings.history_max_depth,
             history_max_bytes=settings.history_max_bytes,

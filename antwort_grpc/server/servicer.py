@@ -16,11 +16,11 @@ from antwort_grpc.auth import current_owner
 from antwort_grpc.engine import Engine
 from antwort_grpc.engine.run import Run
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
+from antwort_grpc.grpc_status import abort
 from antwort_grpc.hooks.service import Caller
 from antwort_grpc.responses.controls import validate_control
 from antwort_grpc.responses.request_limits import DEFAULT_LIMITS, Limits
 from antwort_grpc.responses.service import Responses, rejection
-from antwort_grpc.grpc_status import abort
 from antwort_grpc.storage.base import ResponseStore
 
 # grpc ships no type information: the servicer context is untyped.

@@ -15,11 +15,12 @@ import grpc
 import pytest
 
 from antwort_grpc import pb
-from antwort_grpc.engine.governor import Governor
+from antwort_grpc.engine.hook_gate import HookGate
 from antwort_grpc.executors.base import FunctionExecutor
 from antwort_grpc.hooks import Dispatcher, LocalHook, PolicyHook
+from antwort_grpc.hooks.dispatch import HookRun
 from antwort_grpc.hooks.server import HookServicer, serve_hook
-from antwort_grpc.hooks.service import POINTS
+from antwort_grpc.hooks.service import POINTS, Caller
 from antwort_grpc.providers.base import TurnRequest
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
 from tests.executors.remote_services import free_port, start_process, stop_process
@@ -339,7 +340,7 @@ class CountsModelCalls(PolicyHook):
 async def test_a_first_call_asked_ahead_is_asked_again_when_its_context_changed() -> None:
     hook = CountsModelCalls()
     request = user("hi")
-    governor = Governor(request, hooks=Dispatcher([LocalHook(hook, 1.0, False)]))
+    governor = gate_of(hook)
     first = TurnRequest(model="m", instructions="", items=[user_item("hi")], tools=[])
     assert await governor.admit(request, lambda r: [], first) is request
     assert hook.asked == [1], "asked ahead, with the request's own hooks"
@@ -347,12 +348,16 @@ async def test_a_first_call_asked_ahead_is_asked_again_when_its_context_changed(
     assert isinstance(unchanged, TurnRequest) and unchanged.instructions == "asked 1", "the answer kept"
     assert hook.asked == [1]
 
-    governor = Governor(request, hooks=Dispatcher([LocalHook(hook, 1.0, False)]))
+    governor = gate_of(hook)
     await governor.admit(request, lambda r: [], first)
     steered = TurnRequest(model="m", instructions="", items=[user_item("hi"), user_item("in French")], tools=[])
     decided = await governor.before_model(1, steered, pause=True)
     assert isinstance(decided, TurnRequest) and decided.instructions == "asked 3"
     assert hook.asked == [1, 1, 2], "a steering message came first: asked again, about the call made"
+
+
+def gate_of(hook: PolicyHook) -> HookGate:
+    return HookGate(Dispatcher([LocalHook(hook, 1.0, False)]), HookRun(Caller(), pb.HookContext()))
 
 
 def user_item(text: str) -> pb.Item:

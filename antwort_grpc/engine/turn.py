@@ -1,0 +1,226 @@
+"""One turn of the loop: a model call and where it leads, ending in one typed outcome.
+
+A turn is a Step: iterate its events, then read its result — RunAgain (tool results or a
+steering message for the model to see), NextRound (a follow-up waits), or how the response ends.
+Where it goes is decided by pure rules (turn_rules.py, budget.py); this file only sequences them
+with the model call (model_call.py), the hooks (hook_gate.py) and the tools (tool_turn.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from antwort_grpc import pb
+from antwort_grpc.engine import turn_rules
+from antwort_grpc.engine.budget import limit_reached, tool_calls_exceed
+from antwort_grpc.engine.checkpoints import checkpoint
+from antwort_grpc.engine.model_call import (
+    ModelCall,
+    add_completion,
+    answered_by_hook,
+    await_completion,
+    call_model,
+    stream_turn,
+    turn_request,
+)
+from antwort_grpc.engine.outcomes import (
+    Completed,
+    Incomplete,
+    NextRound,
+    RequiresAction,
+    RunAgain,
+    TurnOutcome,
+)
+from antwort_grpc.engine.run import Run
+from antwort_grpc.engine.step import Step
+from antwort_grpc.engine.tool_turn import ToolGate, ToolRound, add_outputs, supersede
+from antwort_grpc.hooks.dispatch import Paused
+from antwort_grpc.providers.base import Completion, FinishReason, Provider
+
+RESPOND: int = pb.TurnDecision.TURN_DECISION_RESPOND
+CALL_TOOLS: int = pb.TurnDecision.TURN_DECISION_CALL_TOOLS
+INTERRUPTED: int = pb.TurnDecision.TURN_DECISION_INTERRUPTED
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSettings:
+    provider: Provider
+    # False for an engine without executors: single-shot, tool calls are returned as they are.
+    loop_enabled: bool
+    approval_timeout: float
+    # Stores the response as it is (after tool results).
+    save: Callable[[Run], Awaitable[None]]
+
+
+class Turn(Step[TurnOutcome]):
+    def __init__(self, run: Run, settings: TurnSettings) -> None:
+        super().__init__()
+        self.run = run
+        self.settings = settings
+        self.number = 0
+        self.began = 0.0
+        self.call: ModelCall | None = None
+        # How the model's answer ended (None: a steering message cut it short).
+        self.finish: FinishReason | None = FinishReason.STOP
+        self.calls: list[pb.FunctionCall] = []
+
+    async def events(self) -> AsyncIterator[pb.StreamEvent]:
+        run = self.run
+        async for event in checkpoint(run):
+            yield event
+        if (reason := limit_reached(run.limits, run.turn, run.response.usage.output_tokens)) is not None:
+            self.end(Incomplete(reason))
+            return
+        self.number = run.next_turn()
+        self.began = asyncio.get_running_loop().time()
+        async for event in self._open_call():
+            yield event
+        yield run.emitter.turn_started(self.number, run.round)
+        run.emitter.start_turn()
+        async for event in self._read():
+            yield event
+        for event in self._model_ended():
+            yield event
+        async for event in self._decide():
+            yield event
+
+    def completed(self) -> pb.StreamEvent:
+        return self.run.emitter.turn_completed(self.number, asyncio.get_running_loop().time() - self.began)
+
+    # -- the model call ---------------------------------------------------------------------------
+
+    async def _open_call(self) -> AsyncIterator[pb.StreamEvent]:
+        """The turn's model call: the one started early, or one made now — after the hooks, when
+        some are asked before a model call (a pause check waits here; an answer replaces it)."""
+        run = self.run
+        self.call = run.take_early()
+        if self.call is not None:
+            return
+        hooks = run.hooks
+        if hooks is None or not hooks.asked_before_model:
+            self.call = call_model(run, self.settings.provider, turn_request(run, self.number))
+            return
+        pause = True
+        while True:
+            decided = await hooks.before_model(self.number, turn_request(run, self.number), pause)
+            for event in hooks.events(run.emitter):
+                yield event
+            if not isinstance(decided, Paused):
+                break
+            run.inbox.pause(decided.reason)
+            pause = False
+            async for event in checkpoint(run):
+                yield event
+        if isinstance(decided, Completion):
+            self.call = answered_by_hook(run, decided)
+        else:
+            self.call = call_model(run, self.settings.provider, decided)
+
+    async def _read(self) -> AsyncIterator[pb.StreamEvent]:
+        run = self.run
+        call = self.call
+        assert call is not None
+        if call.streaming:
+            coalesce = not run.request.delta_coalescing.disabled
+            async for step in stream_turn(run, call, coalesce):
+                if step is None or isinstance(step, FinishReason):
+                    self.finish = step
+                else:
+                    yield step
+            return
+        completion = await await_completion(run, call)
+        if completion is None:
+            self.finish = None
+            return
+        self.finish = completion.finish
+        for event in add_completion(run, completion):
+            yield event
+
+    def _model_ended(self) -> list[pb.StreamEvent]:
+        """The model's items join the conversation; its metrics, then the after-model hooks."""
+        run = self.run
+        produced = list(run.emitter.turn_items)
+        run.append(produced)
+        assert self.call is not None
+        spent = run.record.model_ended(self.number, run.response.usage, by_hook=self.call.answered)
+        self.calls = [i.function_call for i in produced if i.WhichOneof("kind") == "function_call"]
+        if run.hooks is None:
+            return []
+        run.hooks.after_model(self.number, produced, spent)
+        return run.hooks.events(run.emitter)
+
+    # -- where it goes ----------------------------------------------------------------------------
+
+    async def _decide(self) -> AsyncIterator[pb.StreamEvent]:
+        run = self.run
+        emitter = run.emitter
+        if self.finish is None:
+            # Cut short by a steering message: its calls never run.
+            yield emitter.turn_decided(self.number, INTERRUPTED, len(self.calls))
+            for event in supersede(run, self.calls):
+                yield event
+            yield self.completed()
+            self.end(RunAgain())
+            return
+        choice = run.request.tool_choice if run.request.HasField("tool_choice") else None
+        screened = turn_rules.screen_turn(
+            finish=self.finish,
+            calls=self.calls,
+            choice=choice,
+            loop_enabled=self.settings.loop_enabled,
+            known=run.tools.routes,
+        )
+        yield emitter.turn_decided(self.number, CALL_TOOLS if self.calls else RESPOND, len(self.calls))
+        if isinstance(screened, Completed | Incomplete):
+            yield self.completed()
+            self.end(_answered(run, screened))
+            return
+        if tool_calls_exceed(run.limits, run.record.tool_calls, _server_calls(run, screened.accepted)):
+            for event in add_outputs(run, screened.rejected):
+                yield event
+            yield self.completed()
+            self.end(Incomplete("max_tool_calls"))
+            return
+        async for event in self._tools(screened):
+            yield event
+
+    async def _tools(self, screened: turn_rules.Screened) -> AsyncIterator[pb.StreamEvent]:
+        """Before the calls start: pause, then approvals; then the calls run, or the client's."""
+        run = self.run
+        async for event in checkpoint(run, inject=False):
+            yield event
+        gate = ToolGate(run, screened, self.settings.approval_timeout)
+        async for event in gate.events():
+            yield event
+        plan = gate.result
+        if isinstance(plan, RequiresAction):
+            for event in add_outputs(run, plan.rejected):
+                yield event
+            yield self.completed()
+            self.end(plan)
+            return
+        round_ = ToolRound(run, plan)
+        async for event in round_.events():
+            yield event
+        # Tool results can be expensive to redo: a crash from here on keeps them.
+        await self.settings.save(run)
+        yield self.completed()
+        self.end(round_.result or RunAgain())
+
+
+def _answered(run: Run, screened: Completed | Incomplete) -> TurnOutcome:
+    """The model answered: the response ends — unless a steering message came during the answer
+    (answered next) or a follow-up waits (a new round)."""
+    if isinstance(screened, Completed):
+        if run.inbox.steer:
+            return RunAgain()
+        if run.inbox.follow_ups:
+            return NextRound()
+    return screened
+
+
+def _server_calls(run: Run, calls: list[pb.FunctionCall]) -> int:
+    server_side = run.tools.server_side
+    return sum(1 for c in calls if c.name in server_side)
