@@ -55,13 +55,6 @@ def describe(error: BaseException) -> str | None:
     """The one line for a known startup failure, else None."""
     if isinstance(error, StartupError):
         return str(error)
-    from antwort_grpc.providers.factory import NoBackendError
-    from antwort_grpc.storage.sqlite import StoreInUse
-
-    if isinstance(error, StoreInUse):
-        return f"--store / ANTWORT_STORE: {error}"
-    if isinstance(error, NoBackendError):
-        return str(error)
     return None
 
 

@@ -17,6 +17,7 @@ from antwort_grpc import pb
 from antwort_grpc.engine import turn_rules
 from antwort_grpc.engine.budget import output_budget
 from antwort_grpc.engine.inbox import RING
+from antwort_grpc.engine.model_task import ModelCall
 from antwort_grpc.engine.run import WOKEN, Run, Stopped, stop_or_steer
 from antwort_grpc.providers.base import (
     Completion,
@@ -39,28 +40,6 @@ CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 AUTO: int = pb.Truncation.TRUNCATION_AUTO
 # What the reading task puts last on the queue when the stream ended without a TurnEnd.
 _ENDED = object()
-
-
-class ModelCall:
-    """One call of the model for one turn, running in a task of its own."""
-
-    __slots__ = ("answered", "queue", "task")
-
-    def __init__(self, task: asyncio.Task[object], queue: asyncio.Queue[object] | None = None) -> None:
-        self.task = task
-        # Streaming: the deltas as they arrive (then a TurnEnd, an exception, or _ENDED).
-        self.queue = queue
-        # A before-model hook's answer, not the model's.
-        self.answered = False
-
-    @property
-    def streaming(self) -> bool:
-        return self.queue is not None
-
-    async def discard(self) -> None:
-        """Abandon it unread (the run stopped, failed or was steered before reading it)."""
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
 
 
 def call_model(run: Run, provider: Provider, request: TurnRequest) -> ModelCall:

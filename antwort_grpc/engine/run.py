@@ -20,21 +20,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from antwort_grpc import pb
 from antwort_grpc.engine import response_status
 from antwort_grpc.engine.budget import RunLimits
 from antwort_grpc.engine.emitter import ResponseEmitter
+from antwort_grpc.engine.hook_gate import HookGate
 from antwort_grpc.engine.inbox import RING, Inbox
+from antwort_grpc.engine.model_task import ModelCall
 from antwort_grpc.engine.outcomes import Cancelled, Failed, FinalOutcome, Incomplete
 from antwort_grpc.engine.run_metrics import RunRecorder
 from antwort_grpc.engine.tools import ToolSet
 from antwort_grpc.engine.window import ContextWindow
-
-if TYPE_CHECKING:
-    from antwort_grpc.engine.hook_gate import HookGate
-    from antwort_grpc.engine.model_call import ModelCall
 
 T = TypeVar("T")
 

@@ -17,7 +17,6 @@ from antwort_grpc.engine import turn_rules
 from antwort_grpc.engine.budget import limit_reached, tool_calls_exceed
 from antwort_grpc.engine.checkpoints import checkpoint
 from antwort_grpc.engine.model_call import (
-    ModelCall,
     add_completion,
     answered_by_hook,
     await_completion,
@@ -25,6 +24,7 @@ from antwort_grpc.engine.model_call import (
     stream_turn,
     turn_request,
 )
+from antwort_grpc.engine.model_task import ModelCall
 from antwort_grpc.engine.outcomes import (
     Completed,
     Incomplete,

@@ -73,27 +73,37 @@ def apply_window(items: Sequence[pb.Item], instructions: str, limits: WindowLimi
     pinned = [n for n, item in enumerate(items) if is_pinned(item)]
     rest = [n for n, item in enumerate(items) if not is_pinned(item)]
     fixed += sum(sizes[n] for n in pinned)
-    max_items = limits.max_items if limits.max_items is not None else len(items)
-    max_tokens = limits.max_tokens if limits.max_tokens is not None else fixed + sum(sizes)
-    # The earliest start (an index into `rest`) whose tail fits next to the pinned items.
-    start = len(rest)
-    tokens = fixed
-    while start > 0:
-        candidate = tokens + sizes[rest[start - 1]]
-        if len(pinned) + len(rest) - start + 1 > max_items or candidate > max_tokens:
-            break
-        start -= 1
-        tokens = candidate
-    safe = _safe_starts(items, rest)
-    chosen = next((s for s in safe if s >= start), len(rest))
-    if chosen == len(rest) and rest:
-        # Nothing fits whole: keep the newest complete exchange rather than nothing.
-        chosen = max((s for s in safe if s < len(rest)), default=len(rest))
+    start = _tail_start(sizes, len(pinned), rest, fixed, limits)
+    chosen = _safe_start(_safe_starts(items, rest), start, len(rest))
     if chosen == 0:
         return Window(list(items), 0, fixed + sum(sizes[n] for n in rest))
     keep = set(pinned) | set(rest[chosen:])
     kept = [item for n, item in enumerate(items) if n in keep]
     return Window(kept, chosen, fixed + sum(sizes[n] for n in rest[chosen:]))
+
+
+def _tail_start(sizes: list[int], pinned: int, rest: list[int], fixed: int, limits: WindowLimits) -> int:
+    """The earliest start (an index into `rest`) whose tail fits next to the pinned items."""
+    max_items = limits.max_items if limits.max_items is not None else pinned + len(rest)
+    max_tokens = limits.max_tokens if limits.max_tokens is not None else fixed + sum(sizes)
+    start = len(rest)
+    tokens = fixed
+    while start > 0:
+        candidate = tokens + sizes[rest[start - 1]]
+        if pinned + len(rest) - start + 1 > max_items or candidate > max_tokens:
+            break
+        start -= 1
+        tokens = candidate
+    return start
+
+
+def _safe_start(safe: list[int], start: int, end: int) -> int:
+    """The first safe start at or after `start`; when nothing fits whole, the newest complete
+    exchange rather than nothing."""
+    chosen = next((s for s in safe if s >= start), end)
+    if chosen == end and end:
+        chosen = max((s for s in safe if s < end), default=end)
+    return chosen
 
 
 def _safe_starts(items: Sequence[pb.Item], rest: list[int]) -> list[int]:

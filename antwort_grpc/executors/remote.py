@@ -31,7 +31,7 @@ from grpc_health.v1 import health_pb2
 
 from antwort_grpc import pb
 from antwort_grpc.executors.base import ProgressSink, current_deadline
-from antwort_grpc.observability.tracing import metadata as trace_metadata
+from antwort_grpc.tracing import metadata as trace_metadata
 
 log = logging.getLogger(__name__)
 

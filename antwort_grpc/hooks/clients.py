@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf.message import Message
 
-from antwort_grpc import pb
+from antwort_grpc import pb, tracing
 from antwort_grpc.hooks.service import (
     MAX_MESSAGE_BYTES,
     POINT_OF,
@@ -34,7 +34,6 @@ from antwort_grpc.hooks.service import (
     evaluate,
 )
 from antwort_grpc.hooks.session import SessionClient, SessionUnimplemented
-from antwort_grpc.observability import tracing
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from opentelemetry import trace
 from antwort_grpc.executors.base import ToolExecutor
 from antwort_grpc.observability.edge import Observer, ObservingInterceptor
 from antwort_grpc.observability.metrics import Metrics, MetricsServer, serve_metrics
-from antwort_grpc.observability.tracing import tracer_from_environment
 from antwort_grpc.observability.wrappers import ObservedExecutor, ObservedProvider, ObservedStore
 from antwort_grpc.providers.base import Provider
 from antwort_grpc.storage.base import ResponseStore
+from antwort_grpc.tracing import tracer_from_environment
 
 
 @dataclass

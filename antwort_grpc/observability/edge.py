@@ -20,9 +20,9 @@ import grpc
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from antwort_grpc import pb
+from antwort_grpc import pb, tracing
 from antwort_grpc.auth import current_identity
-from antwort_grpc.observability import logs, tracing
+from antwort_grpc.observability import logs
 from antwort_grpc.observability.context import Observation, current_observation
 from antwort_grpc.observability.metrics import Metrics
 

@@ -16,7 +16,7 @@ from antwort_grpc.providers.base import Provider, ProviderError
 from antwort_grpc.startup_errors import StartupError
 
 
-class NoBackendError(RuntimeError):
+class NoBackendError(StartupError):
     """No backend is configured and the local model is not installed."""
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import gc
 import logging
 
+from antwort_grpc import tracing
 from antwort_grpc.auth.build import refuse_open_listen
 from antwort_grpc.config import GatewaySettings
-from antwort_grpc.observability import tracing
 from antwort_grpc.server.app import serve_until_signalled, start_gateway
 from antwort_grpc.server.assemble import assemble
 

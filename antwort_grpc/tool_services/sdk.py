@@ -34,11 +34,10 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 
-from antwort_grpc import pb
+from antwort_grpc import pb, tracing
 from antwort_grpc.errors import RequestError
 from antwort_grpc.executors.base import ProgressSink
 from antwort_grpc.grpc_status import abort
-from antwort_grpc.observability import tracing
 from antwort_grpc.tool_services.reaper import reaping_if_init
 from antwort_grpc.tool_services.security import ExecutorSecurity
 

@@ -17,7 +17,6 @@ from typing import TypeVar
 import aiohttp
 from pydantic import ValidationError
 
-from antwort_grpc.observability.tracing import headers as trace_headers
 from antwort_grpc.providers.base import Completion, ProviderError, ProviderEvent, ProviderHealth, TurnRequest
 from antwort_grpc.providers.coalesce import MAX_MERGED, delta_size, merge_deltas, mergeable
 from antwort_grpc.providers.openai.config import BackendConfig
@@ -26,6 +25,7 @@ from antwort_grpc.providers.openai.request import build_body
 from antwort_grpc.providers.openai.sse import SseParser
 from antwort_grpc.providers.openai.translate import StreamTranslator, completion
 from antwort_grpc.providers.openai.wire import ChatCompletion, ChatCompletionChunk
+from antwort_grpc.tracing import headers as trace_headers
 
 log = logging.getLogger(__name__)
 

@@ -33,10 +33,10 @@ from mcp.client.streamable_http import streamable_http_client
 
 from antwort_grpc import pb
 from antwort_grpc.executors.base import ProgressSink
-from antwort_grpc.observability.tracing import headers as trace_headers
 from antwort_grpc.tool_services.mcp.config import McpBridgeSettings, McpServerConfig
 from antwort_grpc.tool_services.mcp.results import executor_tool, function_output, progress_message
 from antwort_grpc.tool_services.sdk import text_result
+from antwort_grpc.tracing import headers as trace_headers
 
 log = logging.getLogger(__name__)
 
