@@ -19,6 +19,7 @@ from antwort_grpc import pb
 from antwort_grpc.engine import Engine, EngineConfig
 from antwort_grpc.executors.base import FunctionExecutor
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
+from antwort_grpc.responses.service import Responses
 from antwort_grpc.server.servicer import ResponsesServicer
 from antwort_grpc.storage.memory import MemoryStore
 from tests.harness import function_tool
@@ -80,7 +81,7 @@ def server() -> Iterator[tuple[Any, ScriptedProvider]]:
     provider = ScriptedProvider([[Call.of("get_weather", {"city": "Paris"}, call_id="c1")], [Text("Sunny.")]])
     store = MemoryStore()
     engine = Engine(provider, store, EngineConfig(executors=[FunctionExecutor()], default_model="m"))
-    adapter = SyncServicer(ResponsesServicer(engine, store), loop)
+    adapter = SyncServicer(ResponsesServicer(Responses(engine, store)), loop)
     yield grpc_testing.server_from_dictionary({SERVICE: adapter}, grpc_testing.strict_real_time()), provider
     loop.close()
 

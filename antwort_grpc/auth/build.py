@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 
 from antwort_grpc.auth.apikeys import ApiKeyFile
-from antwort_grpc.auth.interceptor import Authenticator
+from antwort_grpc.auth.identity import Authenticator
 from antwort_grpc.auth.jwt_tokens import JwtAuthenticator, JwtSettings
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.startup_errors import StartupError

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,12 @@ class Identity:
 class AuthError(Exception):
     """A credential is missing, malformed, expired or unknown; the message says which, never
     echoing the credential."""
+
+
+class Authenticator(Protocol):
+    """API keys or JWTs: the Identity a credential names, AuthError when it names none."""
+
+    async def authenticate(self, credential: str) -> Identity: ...
 
 
 # None: no authentication configured (ANTWORT_AUTH=none), or outside an RPC.

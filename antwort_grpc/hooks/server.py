@@ -12,11 +12,10 @@ from typing import Any, TypeAlias
 
 import grpc
 from google.protobuf.message import Message
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
 
 from antwort_grpc import pb
+from antwort_grpc.grpc_server import ServerSpec, start_server
 from antwort_grpc.hooks.service import MAX_MESSAGE_BYTES, POINT_OF, POINTS, Caller, PolicyHook, current_caller, evaluate
 
 log = logging.getLogger(__name__)
@@ -124,29 +123,17 @@ async def serve_hook(hook: PolicyHook, listen: str = "127.0.0.1:0", servicer: Ho
     """Start a grpc.aio server for the hook; port 0 picks a free one (see `.port`). `servicer`:
     a HookServicer (subclass) of `hook` to serve instead of the plain one."""
     await hook.start()
-    server = grpc.aio.server(
-        options=[
-            ("grpc.so_reuseport", 0),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ]
+    spec = ServerSpec(
+        services=[SERVICE_NAME],
+        add_services=lambda server: pb.add_HookServiceServicer_to_server(servicer or HookServicer(hook), server),
+        max_message_bytes=MAX_MESSAGE_BYTES,
     )
-    pb.add_HookServiceServicer_to_server(servicer or HookServicer(hook), server)
-    health = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
-    )
-    port = server.add_insecure_port(listen)
-    if port == 0:
+    try:
+        serving = await start_server(listen, spec)
+    except BaseException:
         await hook.close()
-        raise OSError(f"cannot listen on {listen}")
-    await server.start()
-    await health.set("", health_pb2.HealthCheckResponse.SERVING)
-    await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-    host = listen.rsplit(":", 1)[0]
-    host = "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
-    return HookServer(server, port, host, hook, health)
+        raise
+    return HookServer(serving.server, serving.port, serving.host, hook, serving.health)
 
 
 async def run_hook(hook: PolicyHook, listen: str, grace: float = 5.0) -> None:

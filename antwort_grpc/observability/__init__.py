@@ -1,6 +1,7 @@
 """Metrics (Prometheus), traces (OpenTelemetry) and the per-response log line of the gateway.
 
-Everything is observed from the edges: the RPCs that stream responses (edge.py) and wrappers
+Everything is observed from the edges: the response streams (observer.py, called by the neutral
+edge for every door) and wrappers
 around the provider, the executors and the store (wrappers.py). With nothing turned on, nothing is
 wrapped and nothing is installed: the gateway runs exactly as without this package.
 """
@@ -13,8 +14,8 @@ from dataclasses import dataclass, field
 from opentelemetry import trace
 
 from antwort_grpc.executors.base import ToolExecutor
-from antwort_grpc.observability.edge import Observer, ObservingInterceptor
 from antwort_grpc.observability.metrics import Metrics, MetricsServer, serve_metrics
+from antwort_grpc.observability.observer import Observer
 from antwort_grpc.observability.wrappers import ObservedExecutor, ObservedProvider, ObservedStore
 from antwort_grpc.providers.base import Provider
 from antwort_grpc.storage.base import ResponseStore
@@ -50,8 +51,9 @@ class Observability:
         self.executors = list(executors)
         return [ObservedExecutor(e, self.metrics, self.tracer) for e in executors]
 
-    def interceptor(self) -> ObservingInterceptor:
-        return ObservingInterceptor(Observer(self.metrics, self.tracer, self.log_responses))
+    def observer(self) -> Observer:
+        """What watches each response stream (the edge calls it for every door)."""
+        return Observer(self.metrics, self.tracer, self.log_responses)
 
     def start(self) -> None:
         """The /metrics endpoint, when metrics are on."""

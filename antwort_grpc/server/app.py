@@ -9,26 +9,23 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
 
 from antwort_grpc import pb
-from antwort_grpc.auth.build import build_authenticator, refuse_open_listen
-from antwort_grpc.auth.interceptor import AuthInterceptor, ConcurrencyLimit
+from antwort_grpc.auth.build import refuse_open_listen
+from antwort_grpc.auth.interceptor import AuthInterceptor
 from antwort_grpc.config import GatewaySettings
-from antwort_grpc.engine import Engine, EngineConfig
-from antwort_grpc.engine.budget import ServerLimits
+from antwort_grpc.core import Core, Parts, build_core
+from antwort_grpc.engine import Engine
 from antwort_grpc.executors.base import ToolExecutor
-from antwort_grpc.hooks import Dispatcher, build_hooks
+from antwort_grpc.grpc_server import ServerSpec, Serving, start_server
 from antwort_grpc.observability import Observability
 from antwort_grpc.providers.base import Provider, ProviderHealth
-from antwort_grpc.responses.request_limits import Limits
 from antwort_grpc.server.decode import add_parsing_servicer
 from antwort_grpc.server.servicer import ResponsesServicer
 from antwort_grpc.server.tls import server_credentials
-from antwort_grpc.startup_errors import StartupError
-from antwort_grpc.storage.base import CancelSignals, ControlSignals, ResponseStore
+from antwort_grpc.storage.base import ResponseStore
 
 log = logging.getLogger(__name__)
 
@@ -48,20 +45,43 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 
 @dataclass
 class Gateway:
-    server: grpc.aio.Server
-    port: int
-    host: str
-    engine: Engine
-    store: ResponseStore
-    health: HealthServicer
+    """The core served at its gRPC door."""
+
+    serving: Serving
+    core: Core
     watcher: asyncio.Task[None] | None = None
-    # Ends the store's cancel delivery to this gateway's engine.
-    unsubscribe: Callable[[], None] | None = None
-    observability: Observability | None = None
+
+    @property
+    def server(self) -> grpc.aio.Server:
+        return self.serving.server
+
+    @property
+    def port(self) -> int:
+        return self.serving.port
+
+    @property
+    def host(self) -> str:
+        return self.serving.host
+
+    @property
+    def health(self) -> HealthServicer:
+        return self.serving.health
+
+    @property
+    def engine(self) -> Engine:
+        return self.core.engine
+
+    @property
+    def store(self) -> ResponseStore:
+        return self.core.store
+
+    @property
+    def observability(self) -> Observability | None:
+        return self.core.observability
 
     @property
     def target(self) -> str:
-        return f"{self.host}:{self.port}"
+        return self.serving.target
 
     @property
     def metrics_port(self) -> int | None:
@@ -87,12 +107,7 @@ class Gateway:
         if not await self.engine.runs.wait_idle(5.0):
             log.warning("responses still running after shutdown: %s", self.engine.runs.running())
         # Only now: a cancel from another replica still reaches streams finishing in the grace.
-        if self.unsubscribe is not None:
-            self.unsubscribe()
-        if self.observability is not None:
-            self.observability.stop()
-        if self.engine.config.hooks is not None:
-            await self.engine.config.hooks.close()
+        await self.core.close()
 
     async def _cancel_runs_before(self, grace: float) -> None:
         runs = self.engine.runs
@@ -105,47 +120,6 @@ class Gateway:
             runs.stop(response_id, "cancelled")
 
 
-def limits_of(settings: GatewaySettings) -> Limits:
-    return Limits(
-        max_tools=settings.max_tools,
-        max_schema_bytes=settings.max_schema_bytes,
-        max_schema_depth=settings.max_schema_depth,
-        max_input_items=settings.max_input_items,
-        max_metadata=settings.max_metadata,
-    )
-
-
-def server_limits(settings: GatewaySettings) -> ServerLimits:
-    return ServerLimits(
-        max_turns=settings.max_turns,
-        max_tool_calls=settings.max_tool_calls,
-        max_duration=settings.max_duration,
-        max_output_tokens=settings.max_output_tokens,
-        max_tool_timeout=settings.executor_call_timeout,
-        context_max_items=settings.context_max_items,
-        context_max_tokens=settings.context_max_tokens,
-    )
-
-
-async def start_hooks(settings: GatewaySettings) -> Dispatcher | None:
-    """The configured hooks, started (a hook service that is down is retried in the background,
-    its failure policy applying meanwhile); None when there are none."""
-    if not settings.hooks:
-        return None
-    try:
-        clients = build_hooks(settings.hooks, settings.hook_timeout, settings.hook_failure == "open")
-    except ValueError as error:
-        raise StartupError(f"--hook / ANTWORT_HOOKS: {error}") from error
-    hooks = Dispatcher(clients)
-    await hooks.start()
-    return hooks
-
-
-def _host_of(listen: str) -> str:
-    host = listen.rsplit(":", 1)[0]
-    return "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
-
-
 async def start_gateway(
     settings: GatewaySettings,
     *,
@@ -153,90 +127,37 @@ async def start_gateway(
     store: ResponseStore,
     executors: Sequence[ToolExecutor],
 ) -> Gateway:
+    """The core built around these parts and served over gRPC on `settings.listen`."""
     refuse_open_listen(settings)
     credentials = server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
-    interceptors = _interceptors(settings)
-    observability = Observability.build(metrics_listen=settings.metrics_listen, log_format=settings.log_format)
-    if observability is not None:
-        # Observed from outside: the provider, store and executors wrapped, the streams intercepted.
-        provider, store = observability.provider(provider), observability.store(store)
-        executors = observability.wrap_executors(executors)
-        interceptors.append(observability.interceptor())
-    engine = Engine(
-        provider,
-        store,
-        EngineConfig(
-            executors=list(executors),
-            default_model=settings.model,
-            history_max_depth=settings.history_max_depth,
-            history_max_bytes=settings.history_max_bytes,
-            approval_timeout=settings.approval_timeout,
-            limits=server_limits(settings),
-            hooks=await start_hooks(settings),
-        ),
+    core = await build_core(settings, Parts(provider, store, list(executors)))
+    servicer = ResponsesServicer(core.responses, core.edge)
+    spec = ServerSpec(
+        services=[RESPONSES_SERVICE],
+        add_services=lambda server: add_parsing_servicer(pb.add_ResponsesServiceServicer_to_server, servicer, server),
+        credentials=credentials,
+        interceptors=[AuthInterceptor(core.authenticator)] if core.authenticator is not None else [],
+        reflection=settings.reflection,
     )
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", 32 * 1024 * 1024),
-            ("grpc.max_send_message_length", 32 * 1024 * 1024),
-            ("grpc.so_reuseport", 0),
-        ],
-        interceptors=interceptors,
-    )
-    servicer = ResponsesServicer(engine, store, limits_of(settings))
-    add_parsing_servicer(pb.add_ResponsesServiceServicer_to_server, servicer, server)
-    health = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    if settings.reflection:
-        reflection.enable_server_reflection(
-            [RESPONSES_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
-            server,
-        )
-    if credentials is None:
-        port = server.add_insecure_port(settings.listen)
-    else:
-        port = server.add_secure_port(settings.listen, credentials)
-    if port == 0:
-        raise OSError(f"cannot listen on {settings.listen}")
-    await server.start()
-    await health.set("", SERVING)
-    await health.set(RESPONSES_SERVICE, SERVING)
-    for executor in executors:
+    try:
+        serving = await start_server(settings.listen, spec)
+    except BaseException:
+        await core.close()
+        raise
+    for executor in core.executors:
         # Remote executors report their service's reachability under a name of their own.
         attach = getattr(executor, "attach_health", None)
         if attach is not None:
-            await attach(health)
-    log.info("antwort-grpc listening on %s", settings.listen.rsplit(":", 1)[0] + f":{port}")
-    gateway = Gateway(server, port, _host_of(settings.listen), engine, store, health, observability=observability)
-    if observability is not None:
-        observability.start()
-    if isinstance(store, CancelSignals):
-        # Cancels requested on any replica (or through the store) stop runs of this engine.
-        gateway.unsubscribe = store.on_cancel(engine.runs.stop)
-    if isinstance(store, ControlSignals):
-        # Controls sent on any replica reach the runs of this one.
-        stop_cancels, stop_controls = gateway.unsubscribe, store.on_control(servicer.responses.deliver)
-
-        def unsubscribe() -> None:
-            stop_controls()
-            if stop_cancels is not None:
-                stop_cancels()
-
-        gateway.unsubscribe = unsubscribe
+            await attach(serving.health)
+    log.info("antwort-grpc listening on %s", settings.listen.rsplit(":", 1)[0] + f":{serving.port}")
+    gateway = Gateway(serving, core)
+    core.start()
     check = getattr(provider, "check_health", None)
     if check is not None:
-        gateway.watcher = asyncio.create_task(_watch_backend(health, check))
+        gateway.watcher = asyncio.create_task(_watch_backend(serving.health, check))
     else:
-        await health.set(BACKEND_HEALTH, SERVING)
+        await serving.health.set(BACKEND_HEALTH, SERVING)
     return gateway
-
-
-def _interceptors(settings: GatewaySettings) -> list[grpc.aio.ServerInterceptor]:
-    authenticator = build_authenticator(settings)
-    limit = ConcurrencyLimit(settings.max_concurrent_responses) if settings.max_concurrent_responses > 0 else None
-    if authenticator is None and limit is None:
-        return []
-    return [AuthInterceptor(authenticator, limit)]
 
 
 async def _watch_backend(health: HealthServicer, check: Callable[[], Awaitable[ProviderHealth]]) -> None:

@@ -8,8 +8,8 @@ import logging
 from antwort_grpc import tracing
 from antwort_grpc.auth.build import refuse_open_listen
 from antwort_grpc.config import GatewaySettings
+from antwort_grpc.core import assemble
 from antwort_grpc.server.app import serve_until_signalled, start_gateway
-from antwort_grpc.server.assemble import assemble
 
 log = logging.getLogger(__name__)
 

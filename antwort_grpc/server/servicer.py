@@ -1,5 +1,6 @@
 """antwort.v1.ResponsesService: the gRPC front door of the responses layer. It only adapts:
-messages in, RequestErrors out as statuses with details, events out as stream messages."""
+messages in, RequestErrors out as statuses with details, events out as stream messages. Who calls,
+whether their response may start and observing it are the neutral edge's (edge.py)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,14 @@ from typing import Any, TypeAlias
 import grpc
 
 from antwort_grpc import pb
-from antwort_grpc.auth import current_owner
-from antwort_grpc.engine import Engine
+from antwort_grpc.auth import current_identity, current_owner
+from antwort_grpc.edge import Edge, Watch
 from antwort_grpc.engine.run import Run
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.grpc_status import abort
 from antwort_grpc.hooks.service import Caller
 from antwort_grpc.responses.controls import validate_control
-from antwort_grpc.responses.request_limits import DEFAULT_LIMITS, Limits
 from antwort_grpc.responses.service import Responses, rejection
-from antwort_grpc.storage.base import ResponseStore
 
 # grpc ships no type information: the servicer context is untyped.
 Context: TypeAlias = Any
@@ -39,38 +38,49 @@ def caller_of(context: Context) -> Caller:
 
 
 class ResponsesServicer(pb.ResponsesServiceServicer):
-    def __init__(self, engine: Engine, store: ResponseStore, limits: Limits = DEFAULT_LIMITS) -> None:
-        self.responses = Responses(engine, store, limits)
+    def __init__(self, responses: Responses, edge: Edge | None = None) -> None:
+        self.responses = responses
+        self.edge = edge or Edge()
 
     async def CreateResponse(
         self, request: pb.CreateResponseRequest, context: Context
     ) -> AsyncIterator[pb.CreateResponseResponse]:
+        metadata = context.invocation_metadata() or ()
         try:
-            caller = caller_of(context) if self.responses.hooked else None
-            run = await self.responses.create(
-                request, owner=owner_of(context), timeout=context.time_remaining(), caller=caller
-            )
+            async with self.edge.stream("CreateResponse", current_identity.get(), metadata) as watch:
+                caller = caller_of(context) if self.responses.hooked else None
+                run = await self.responses.create(
+                    request, owner=owner_of(context), timeout=context.time_remaining(), caller=caller
+                )
+                # Closed with this call, however it ends (try/finally: aclosing's two calls, per request).
+                events = run.events()
+                try:
+                    if request.stream:
+                        async for event in events:
+                            watch.saw(event)
+                            yield _message(event)
+                    else:
+                        # One code path: drain the same stream, send only the terminal event.
+                        last = None
+                        async for event in events:
+                            watch.saw(event)
+                            last = event
+                        assert last is not None
+                        yield _message(last)
+                    watch.ended()
+                finally:
+                    await events.aclose()
         except RequestError as err:
             await abort(context, err)
-            return
-        # Closed with this call, however it ends (try/finally: aclosing's two calls, per request).
-        events = run.events()
-        try:
-            if request.stream:
-                async for event in events:
-                    yield _message(event)
-            else:
-                # One code path: drain the same stream, send only the terminal event.
-                last = None
-                async for event in events:
-                    last = event
-                assert last is not None
-                yield _message(last)
-        finally:
-            await events.aclose()
 
     async def Converse(self, requests: AsyncIterator[pb.ConverseRequest], context: Context) -> None:
-        await _Session(self.responses, requests, context).serve()
+        metadata = context.invocation_metadata() or ()
+        try:
+            async with self.edge.stream("Converse", current_identity.get(), metadata) as watch:
+                await _Session(self.responses, requests, context, watch).serve()
+                watch.ended()
+        except RequestError as err:
+            await abort(context, err)
 
     async def ControlResponse(self, request: pb.ControlResponseRequest, context: Context) -> pb.ControlResponseResponse:
         try:
@@ -124,8 +134,11 @@ class _Session:
     cannot be accepted are answered in-band (`rejected`), except a bad first message, which ends
     the stream with its status: nothing runs yet that it could harm."""
 
-    def __init__(self, responses: Responses, requests: AsyncIterator[pb.ConverseRequest], context: Context) -> None:
+    def __init__(
+        self, responses: Responses, requests: AsyncIterator[pb.ConverseRequest], context: Context, watch: Watch
+    ) -> None:
         self.responses = responses
+        self.watch = watch
         self.requests = requests
         self.context = context
         self.owner = owner_of(context)
@@ -172,6 +185,7 @@ class _Session:
                 try:
                     async with contextlib.aclosing(run.events()) as events:
                         async for event in events:
+                            self.watch.saw(event)
                             message = pb.ConverseResponse()
                             message.event.CopyFrom(event)
                             async with self.writing:

@@ -29,14 +29,13 @@ from typing import Any, TypeAlias
 
 import grpc
 from google.protobuf import json_format, struct_pb2
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 
 from antwort_grpc import pb, tracing
 from antwort_grpc.errors import RequestError
 from antwort_grpc.executors.base import ProgressSink
+from antwort_grpc.grpc_server import ServerSpec, start_server
 from antwort_grpc.grpc_status import abort
 from antwort_grpc.tool_services.reaper import reaping_if_init
 from antwort_grpc.tool_services.security import ExecutorSecurity
@@ -208,32 +207,19 @@ async def serve_executor(
     the token callers must send and the TLS credentials (default: any caller, plaintext)."""
     security = security or ExecutorSecurity()
     await service.start()
-    server = grpc.aio.server(
-        options=[
-            ("grpc.so_reuseport", 0),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ],
+    spec = ServerSpec(
+        services=[SERVICE_NAME],
+        add_services=lambda server: pb.add_ToolExecutorServiceServicer_to_server(ToolExecutorServicer(service), server),
+        credentials=security.credentials,
         interceptors=security.interceptors(),
+        max_message_bytes=MAX_MESSAGE_BYTES,
     )
-    pb.add_ToolExecutorServiceServicer_to_server(ToolExecutorServicer(service), server)
-    health = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
-    )
-    if security.credentials is not None:
-        port = server.add_secure_port(listen, security.credentials)
-    else:
-        port = server.add_insecure_port(listen)
-    if port == 0:
+    try:
+        serving = await start_server(listen, spec)
+    except BaseException:
         await service.close()
-        raise OSError(f"cannot listen on {listen}")
-    await server.start()
-    await health.set("", health_pb2.HealthCheckResponse.SERVING)
-    await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-    host = listen.rsplit(":", 1)[0]
-    host = "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
+        raise
+    server, port, host, health = serving.server, serving.port, serving.host, serving.health
     kind = pb.ToolKind.Name(service.kind)
     log.info("%s executor %r listening on %s:%d (%s)", kind, service.name, host, port, security.describe())
     return ExecutorServer(server, port, host, service, health)

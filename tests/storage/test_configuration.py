@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from antwort_grpc import pb
 from antwort_grpc.config import GatewaySettings
-from antwort_grpc.server.assemble import assemble
+from antwort_grpc.core import assemble
 from antwort_grpc.storage.codec import RUNNING_SQL, decode_items, encode_items
 from antwort_grpc.storage.factory import open_store, options_from, sqlite_path
 from antwort_grpc.storage.memory import MemoryStore

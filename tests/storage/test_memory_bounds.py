@@ -12,9 +12,9 @@ import pytest
 
 from antwort_grpc import pb
 from antwort_grpc.config import GatewaySettings
+from antwort_grpc.core import assemble
 from antwort_grpc.providers.base import TurnRequest
 from antwort_grpc.providers.scripted import ScriptedProvider, Text, Turn
-from antwort_grpc.server.assemble import assemble
 from antwort_grpc.storage.memory import MemoryStore
 from antwort_grpc.storage.options import StoreOptions
 from tests.harness import GatewayClient, kind, running_gateway, user

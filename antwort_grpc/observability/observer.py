@@ -1,9 +1,7 @@
-"""Observing responses where they leave the gateway: a grpc.aio interceptor around the RPCs that
-stream responses (CreateResponse, Converse). It opens the response's span (a child of the caller's
-trace context, current for the whole RPC task, so the model calls, tool calls and the executors
-they reach hang under it), watches the events going out — created, the first and later output
-deltas, the terminal event with status and usage — and, when the response ends, records the
-metrics, ends the spans and writes the response's log line.
+"""Observing responses as they leave the gateway, whatever door they leave by (the edge calls
+this for every response stream): the response's span (a child of the caller's trace context), the
+events going out — created, the first and later output deltas, the terminal event with status and
+usage — and, when the response ends, the metrics, the spans ended and the response's log line.
 
 The engine knows nothing of this: everything is read from the events and from the wrappers
 around the provider, the executors and the store (wrappers.py).
@@ -11,19 +9,15 @@ around the provider, the executors and the store (wrappers.py).
 
 from __future__ import annotations
 
-import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import grpc
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from antwort_grpc import pb, tracing
 from antwort_grpc.auth import current_identity
 from antwort_grpc.observability import logs
-from antwort_grpc.observability.context import Observation, current_observation
+from antwort_grpc.observability.context import Observation
 from antwort_grpc.observability.metrics import Metrics
 
 STREAMING_METHODS = frozenset({"CreateResponse", "Converse"})
@@ -168,99 +162,3 @@ class Observer:
             # Refused before it started (bad request, unknown previous response): a span that says so.
             o.span.set_status(trace.Status(trace.StatusCode.ERROR, cut))
             o.span.end()
-
-
-def _event_of(message: Any) -> pb.StreamEvent | None:
-    # CreateResponseResponse.event, or ConverseResponse's `event` case of its oneof.
-    if message.HasField("event"):
-        event: pb.StreamEvent = message.event
-        return event
-    return None
-
-
-class _WatchedContext:
-    """The servicer context with every written message shown to `watch` first."""
-
-    def __init__(self, context: Any, watch: Callable[[Any], None]) -> None:
-        self._context = context
-        self._watch = watch
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._context, name)
-
-    async def write(self, message: Any) -> None:
-        self._watch(message)
-        await self._context.write(message)
-
-
-class ObservingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self, observer: Observer) -> None:
-        self.observer = observer
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        method = str(details.method).rsplit("/", 1)[-1]
-        if handler is None or not handler.response_streaming or method not in STREAMING_METHODS:
-            return handler
-        inner = handler.unary_stream or handler.stream_stream
-        observer = self.observer
-        metadata = details.invocation_metadata
-
-        def open_rpc() -> tuple[Observation, Any]:
-            o = observer.begin(method, metadata)
-            current_observation.set(o)
-            # Current for the rest of this RPC's task and every task it starts (tools, model calls).
-            token = otel_context.attach(trace.set_span_in_context(o.span)) if o.span is not None else None
-            return o, token
-
-        def close_rpc(o: Observation, token: Any, cut: str) -> None:
-            observer.end(o, cut)
-            if token is not None:
-                otel_context.detach(token)
-
-        if inspect.isasyncgenfunction(inner):
-
-            async def observed_stream(request: Any, context: Any) -> AsyncIterator[Any]:
-                o, token = open_rpc()
-                cut = "refused"
-                try:
-                    async for message in inner(request, context):
-                        event = _event_of(message)
-                        if event is not None:
-                            cut = "client_gone"
-                            observer.event(o, event, metadata)
-                        yield message
-                    cut = "stream_ended"
-                finally:
-                    close_rpc(o, token, cut)
-
-            behavior: Callable[..., Any] = observed_stream
-        else:
-
-            async def observed(request: Any, context: Any) -> None:
-                # A handler that writes with context.write (the reader/writer API).
-                o, token = open_rpc()
-                state = ["refused"]
-
-                def watch(message: Any) -> None:
-                    event = _event_of(message)
-                    if event is not None:
-                        state[0] = "client_gone"
-                        observer.event(o, event, metadata)
-
-                try:
-                    await inner(request, _WatchedContext(context, watch))
-                    state[0] = "stream_ended"
-                finally:
-                    close_rpc(o, token, state[0])
-
-            behavior = observed
-
-        make = grpc.unary_stream_rpc_method_handler if handler.unary_stream else grpc.stream_stream_rpc_method_handler
-        return make(
-            behavior, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
-        )

@@ -1,0 +1,198 @@
+"""The composition root: the gateway's core built from its settings, whatever door serves it.
+
+`assemble` opens the parts that hold resources (store, model backend, remote executors);
+`build_core` puts the rest around them — observation, hooks, the engine, the responses layer, the
+neutral edge (identity, admission, observation) and the cross-replica wiring — so a front door
+(the gRPC server in server/app.py) only adapts requests, errors and streams.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from antwort_grpc.auth.build import build_authenticator
+from antwort_grpc.auth.identity import Authenticator
+from antwort_grpc.config import GatewaySettings
+from antwort_grpc.edge import ConcurrencyLimit, Edge
+from antwort_grpc.engine import Engine, EngineConfig
+from antwort_grpc.engine.budget import ServerLimits
+from antwort_grpc.executors.base import FunctionExecutor, ToolExecutor
+from antwort_grpc.hooks import Dispatcher, build_hooks
+from antwort_grpc.observability import Observability
+from antwort_grpc.providers.base import Provider
+from antwort_grpc.responses.request_limits import Limits
+from antwort_grpc.responses.service import Responses
+from antwort_grpc.startup_errors import StartupError
+from antwort_grpc.storage.base import CancelSignals, ControlSignals, ResponseStore
+
+log = logging.getLogger(__name__)
+
+Closer = Callable[[], Awaitable[None]]
+
+
+@dataclass
+class Parts:
+    provider: Provider
+    store: ResponseStore
+    executors: list[ToolExecutor]
+    # Called in reverse order on shutdown.
+    closers: list[Closer] = field(default_factory=list)
+
+    async def close(self) -> None:
+        await close_all(self.closers)
+
+
+async def close_all(closers: list[Closer]) -> None:
+    for close in reversed(closers):
+        try:
+            await close()
+        except Exception:
+            log.exception("shutdown step failed")
+
+
+async def assemble(settings: GatewaySettings) -> Parts:
+    from antwort_grpc.providers.factory import build_provider
+    from antwort_grpc.storage.factory import open_store, options_from
+
+    closers: list[Closer] = []
+    try:
+        store = await open_store(settings.store, settings.data_dir, options_from(settings))
+    except Exception as error:  # whatever the store's driver raises, the setting to change is the same
+        where = settings.store or f"SQLite under --data-dir {settings.data_dir}"
+        raise StartupError(f"--store / ANTWORT_STORE ({where}): {error}") from error
+    if hasattr(store, "close"):
+        closers.append(store.close)
+    try:
+        provider = await build_provider(settings)
+    except BaseException:
+        await close_all(closers)  # a store left open would keep its threads and lock
+        raise
+    if hasattr(provider, "aclose"):
+        closers.append(provider.aclose)
+    executors: list[ToolExecutor] = [FunctionExecutor()]
+    if settings.executors:
+        from antwort_grpc.executors.credentials import channel_credentials, read_token
+        from antwort_grpc.executors.remote import RemoteSettings, build_executors, start_all
+
+        remote = build_executors(
+            settings.executors,
+            RemoteSettings(
+                refresh_interval=settings.executor_refresh_seconds,
+                call_timeout=settings.executor_call_timeout,
+                credentials=channel_credentials(
+                    settings.executor_ca, settings.executor_client_cert, settings.executor_client_key
+                ),
+                token=read_token(settings.executor_token, settings.executor_token_file, "ANTWORT_EXECUTOR_TOKEN"),
+            ),
+        )
+        # A service that is down does not stop the gateway: it is retried in the background, and
+        # its calls fail as tool errors the model sees meanwhile.
+        closers += [r.close for r in remote]
+        await start_all(remote)
+        executors += remote
+    return Parts(provider, store, executors, closers)
+
+
+@dataclass
+class Core:
+    """Everything but the doors, built once."""
+
+    provider: Provider
+    store: ResponseStore
+    executors: list[ToolExecutor]
+    engine: Engine
+    responses: Responses
+    edge: Edge
+    authenticator: Authenticator | None
+    observability: Observability | None
+    # Ends the store's delivery of cancels and controls from other replicas to this engine.
+    unsubscribe: list[Callable[[], None]] = field(default_factory=list)
+
+    def start(self) -> None:
+        """Controls and cancels sent on any replica (or through the store) reach the runs here;
+        the metrics endpoint serves."""
+        store, runs = self.store, self.engine.runs
+        if isinstance(store, CancelSignals):
+            self.unsubscribe.append(store.on_cancel(runs.stop))
+        if isinstance(store, ControlSignals):
+            self.unsubscribe.append(store.on_control(self.responses.deliver))
+        if self.observability is not None:
+            self.observability.start()
+
+    async def close(self) -> None:
+        """After the doors stopped: no more controls from other replicas, observation off, hooks
+        closed (the parts themselves close with `Parts.close`)."""
+        for unsubscribe in self.unsubscribe:
+            unsubscribe()
+        self.unsubscribe = []
+        if self.observability is not None:
+            self.observability.stop()
+        if self.engine.config.hooks is not None:
+            await self.engine.config.hooks.close()
+
+
+async def build_core(settings: GatewaySettings, parts: Parts) -> Core:
+    """The core around assembled parts; StartupError (one line naming the setting) when a setting
+    is wrong."""
+    authenticator = build_authenticator(settings)
+    provider, store, executors = parts.provider, parts.store, list(parts.executors)
+    observability = Observability.build(metrics_listen=settings.metrics_listen, log_format=settings.log_format)
+    if observability is not None:
+        # Observed from outside: the provider, store and executors wrapped, the streams watched.
+        provider, store = observability.provider(provider), observability.store(store)
+        executors = observability.wrap_executors(executors)
+    engine = Engine(
+        provider,
+        store,
+        EngineConfig(
+            executors=executors,
+            default_model=settings.model,
+            history_max_depth=settings.history_max_depth,
+            history_max_bytes=settings.history_max_bytes,
+            approval_timeout=settings.approval_timeout,
+            limits=server_limits(settings),
+            hooks=await start_hooks(settings),
+        ),
+    )
+    limit = ConcurrencyLimit(settings.max_concurrent_responses) if settings.max_concurrent_responses > 0 else None
+    edge = Edge(authenticator, limit, observability.observer() if observability is not None else None)
+    responses = Responses(engine, store, request_limits(settings))
+    return Core(provider, store, executors, engine, responses, edge, authenticator, observability)
+
+
+def request_limits(settings: GatewaySettings) -> Limits:
+    return Limits(
+        max_tools=settings.max_tools,
+        max_schema_bytes=settings.max_schema_bytes,
+        max_schema_depth=settings.max_schema_depth,
+        max_input_items=settings.max_input_items,
+        max_metadata=settings.max_metadata,
+    )
+
+
+def server_limits(settings: GatewaySettings) -> ServerLimits:
+    return ServerLimits(
+        max_turns=settings.max_turns,
+        max_tool_calls=settings.max_tool_calls,
+        max_duration=settings.max_duration,
+        max_output_tokens=settings.max_output_tokens,
+        max_tool_timeout=settings.executor_call_timeout,
+        context_max_items=settings.context_max_items,
+        context_max_tokens=settings.context_max_tokens,
+    )
+
+
+async def start_hooks(settings: GatewaySettings) -> Dispatcher | None:
+    """The configured hooks, started (a hook service that is down is retried in the background,
+    its failure policy applying meanwhile); None when there are none."""
+    if not settings.hooks:
+        return None
+    try:
+        clients = build_hooks(settings.hooks, settings.hook_timeout, settings.hook_failure == "open")
+    except ValueError as error:
+        raise StartupError(f"--hook / ANTWORT_HOOKS: {error}") from error
+    hooks = Dispatcher(clients)
+    await hooks.start()
+    return hooks
