@@ -1,0 +1,125 @@
+"""The shape of the code holds: no function of the engine or the responses layer above cyclomatic
+complexity 15, no import cycle between modules or between packages (so no import runs upward),
+and the separate tool programs depend on none of the gateway's own layers."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+from radon.complexity import cc_visit
+
+ROOT = Path(__file__).resolve().parents[1] / "antwort_grpc"
+MAX_COMPLEXITY = 15
+
+
+def modules() -> Iterator[tuple[str, Path]]:
+    for path in sorted(ROOT.rglob("*.py")):
+        relative = path.relative_to(ROOT.parent).with_suffix("")
+        parts = list(relative.parts)
+        if parts[1] == "pb":
+            continue  # generated
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        yield ".".join(parts), path
+
+
+def imports_of(path: Path, name: str) -> set[str]:
+    """Every antwort_grpc module this file imports: at the top, in functions, for type checking."""
+    found: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("antwort_grpc"))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            if base.startswith("antwort_grpc"):
+                found.add(base)
+                found.update(f"{base}.{a.name}" for a in node.names)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    known = dict(modules())
+    edges: dict[str, set[str]] = {}
+    for name, path in known.items():
+        targets = {t for t in imports_of(path, name) if t in known and t != name}
+        edges[name] = {t for t in targets if not name.startswith(t + ".")}  # a package's own __init__
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in edges.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def package_of(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_function_of_the_engine_or_the_responses_layer_is_above_complexity_15() -> None:
+    over = []
+    for folder in ("engine", "responses"):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            for block in cc_visit(path.read_text()):
+                if block.complexity > MAX_COMPLEXITY:
+                    over.append(f"{path.relative_to(ROOT.parent)}:{block.lineno} {block.name} ({block.complexity})")
+    assert not over, over
+
+
+def test_no_module_imports_a_module_that_imports_it_back() -> None:
+    assert cycles(graph()) == []
+
+
+def test_packages_form_layers_no_import_runs_back_up() -> None:
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph().items():
+        here = package_of(module)
+        packages.setdefault(here, set()).update(package_of(t) for t in targets if package_of(t) != here)
+    assert cycles(packages) == []
+
+
+def test_the_check_finds_a_cycle_when_there_is_one() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_graph_holds_the_imports_it_checks() -> None:
+    edges = graph()
+    assert "antwort_grpc.engine.run" in edges["antwort_grpc.engine.loop"]
+    assert "antwort_grpc.engine.turn" in edges["antwort_grpc.engine.loop"]
+    # Imports inside functions count too (a lazy import is still an arrow).
+    assert "antwort_grpc.providers.factory" in edges["antwort_grpc.core"]
