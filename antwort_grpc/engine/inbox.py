@@ -3,24 +3,21 @@ waiting run that one came.
 
 Controls never interrupt a task: `send` records what came and rings the bell of the wait the run
 is in (if any). Every wait of a run reads one queue — a model call's deltas, tool results and
-progress, or a queue of its own — and the bell is one more message on that queue, so a wait ends
+progress, or a queue of its own — and the bell is one more message on that channel, so a wait ends
 the moment a control arrives and the run decides what it means where it is. Cancellation stays
 what it means in asyncio: the client went away, or the server is shutting down.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from dataclasses import dataclass
 
 import grpc
 
 from antwort_grpc import pb
+from antwort_grpc.engine.channel import Channel
 from antwort_grpc.errors import FieldViolation, RequestError
-
-# What a control puts on the queue of the wait the run is in.
-RING = object()
 
 # Follow-ups queued on one run: at most this many, holding at most this many bytes.
 MAX_FOLLOW_UPS = 16
@@ -69,7 +66,7 @@ class Inbox:
         # Calls waiting for a client's approval (by call_id) and the decisions that came for them.
         self.awaiting: dict[str, pb.ApprovalRequest] = {}
         self.decisions: dict[str, pb.ApprovalResponse] = {}
-        self._bell: asyncio.Queue[object] | None = None
+        self._bell: Channel | None = None
         # A control came while the run was not waiting: the next wait starts with it.
         self._rang = False
 
@@ -122,19 +119,19 @@ class Inbox:
 
     def ring(self) -> None:
         if self._bell is not None:
-            self._bell.put_nowait(RING)
+            self._bell.ring()
         else:
             self._rang = True
 
     # -- what the run does -------------------------------------------------------------------------
 
-    def listen(self, queue: asyncio.Queue[object] | None) -> None:
+    def listen(self, queue: Channel | None) -> None:
         """The queue the run reads now (None: it reads none and looks at the inbox when it can).
         A control that came since the last wait rings at once: the run may not have seen it."""
         self._bell = queue
         if queue is not None and self._rang:
             self._rang = False
-            queue.put_nowait(RING)
+            queue.ring()
 
     def take_steer(self) -> list[pb.Item]:
         items, self.steer = self.steer, []

@@ -81,7 +81,13 @@ class Engine:
         self.store = store
         self.config = config or EngineConfig()
         self.runs = RunRegistry()
-        self.settings = TurnSettings(provider, bool(self.config.executors), self.config.approval_timeout, self._save)
+        self.settings = TurnSettings(
+            provider,
+            bool(self.config.executors),
+            self.config.approval_timeout,
+            self._save,
+            coalescing=bool(getattr(provider, "coalesces", False)),
+        )
 
     @property
     def server_limits(self) -> ServerLimits:
@@ -344,8 +350,9 @@ class _Turns(Step[FinalOutcome]):
 
     async def events(self) -> AsyncIterator[pb.StreamEvent]:
         run = self.run
-        async for event in self._resume():
-            yield event
+        if run.continuation.starts_with_tools:
+            async for event in self._resume():
+                yield event
         while not self.ended:
             turn = Turn(run, self.settings)
             async for event in turn.events():

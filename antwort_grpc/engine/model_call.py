@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator, Sequence
 from antwort_grpc import pb
 from antwort_grpc.engine import turn_rules
 from antwort_grpc.engine.budget import output_budget
-from antwort_grpc.engine.inbox import RING
+from antwort_grpc.engine.channel import RING, Channel
 from antwort_grpc.engine.model_task import ModelCall
-from antwort_grpc.engine.run import WOKEN, Run, Stopped, stop_or_steer
+from antwort_grpc.engine.run import Run, Stopped
 from antwort_grpc.providers.base import (
     Completion,
     FinishReason,
@@ -37,8 +37,9 @@ from antwort_grpc.providers.coalesce import max_hold_of, merge_deltas
 ITEM_COMPLETED: int = pb.ItemStatus.ITEM_STATUS_COMPLETED
 ITEM_INCOMPLETE: int = pb.ItemStatus.ITEM_STATUS_INCOMPLETE
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+_MERGEABLE = (TextDelta, ReasoningDelta, RefusalDelta, ToolCallDelta)
 AUTO: int = pb.Truncation.TRUNCATION_AUTO
-# What the reading task puts last on the queue when the stream ended without a TurnEnd.
+# What the reading task puts last on the channel when the stream ended without a TurnEnd.
 _ENDED = object()
 
 
@@ -49,35 +50,42 @@ def call_model(run: Run, provider: Provider, request: TurnRequest) -> ModelCall:
     run.record.model_started(run.response.usage)
     retry = run.request.truncation == AUTO
     if run.request.stream:
-        queue: asyncio.Queue[object] = asyncio.Queue()
-        return ModelCall(asyncio.create_task(_read(run, provider, request, queue, retry)), queue)
-    return ModelCall(asyncio.create_task(_complete(run, provider, request, retry)))
+        channel = Channel()
+        return ModelCall(asyncio.create_task(_read(run, provider, request, channel, retry)), channel, True)
+    channel = Channel()
+    return ModelCall(asyncio.create_task(_complete(run, provider, request, channel, retry)), channel, False)
 
 
 def answered_by_hook(run: Run, completion: Completion) -> ModelCall:
     """A before-model hook answered in the model's place."""
     run.record.model_started(run.response.usage)
-    call = ModelCall(asyncio.create_task(_given(completion)))
+    channel = Channel()
+    channel.put_nowait(completion)
+    call = ModelCall(asyncio.create_task(_nothing()), channel, False)
     call.answered = True
     return call
 
 
-async def _given(completion: Completion) -> Completion:
-    return completion
+async def _nothing() -> None:
+    return None
 
 
-async def _complete(run: Run, provider: Provider, request: TurnRequest, retry: bool) -> Completion:
+async def _complete(run: Run, provider: Provider, request: TurnRequest, channel: Channel, retry: bool) -> None:
+    """Put the call's Completion (or its failure) on `channel`."""
     try:
-        return await provider.complete(request)
-    except ProviderError as err:
-        if not retry or err.code != CONTEXT_LENGTH_EXCEEDED:
-            raise
-    return await provider.complete(_smaller(run, request))
+        try:
+            completion = await provider.complete(request)
+        except ProviderError as err:
+            if not retry or err.code != CONTEXT_LENGTH_EXCEEDED:
+                raise
+            completion = await provider.complete(_smaller(run, request))
+        channel.put_nowait(completion)
+    except Exception as err:  # handed to the turn, which fails the response with it
+        channel.put_nowait(err)
 
 
-async def _read(run: Run, provider: Provider, request: TurnRequest, queue: asyncio.Queue[object], retry: bool) -> None:
-    """Put the call's deltas on `queue` as they arrive; a failure is put there too."""
-    put = queue.put_nowait
+async def _read(run: Run, provider: Provider, request: TurnRequest, channel: Channel, retry: bool) -> None:
+    """Put the call's deltas on `channel` as they arrive; a failure is put there too."""
     stream = aiter(provider.stream(request))
     try:
         try:
@@ -88,14 +96,17 @@ async def _read(run: Run, provider: Provider, request: TurnRequest, queue: async
             await _close(stream)
             stream = aiter(provider.stream(_smaller(run, request)))
             first = await anext(stream)
+        put = channel.put_nowait
         put(first)
+        # The first delta leaves before the rest of its read is parsed: the run writes it now.
+        await asyncio.sleep(0)
         async for event in stream:
             put(event)
-        put(_ENDED)
+        channel.put_nowait(_ENDED)
     except StopAsyncIteration:
-        put(_ENDED)
+        channel.put_nowait(_ENDED)
     except Exception as err:  # handed to the turn, which fails the response with it
-        put(err)
+        channel.put_nowait(err)
     finally:
         await _close(stream)
 
@@ -141,23 +152,41 @@ def turn_request(run: Run, turn: int, context: Sequence[pb.Item] | None = None) 
 
 async def await_completion(run: Run, call: ModelCall) -> Completion | None:
     """A non-streaming turn; None when a steering message cut it short."""
-    completion = await run.until(call.task, stop_or_steer)
-    if completion is WOKEN:
-        run.check()
-        return None
-    assert isinstance(completion, Completion)
-    return completion
+    inbox = run.inbox
+    channel = call.channel
+    inbox.listen(channel)
+    try:
+        while True:
+            got = await channel.get()
+            if got is RING:
+                if inbox.attention:
+                    run.check()
+                    if inbox.steer:
+                        return None
+                continue
+            if isinstance(got, BaseException):
+                raise got
+            assert isinstance(got, Completion)
+            return got
+    finally:
+        inbox.listen(None)
+        if not call.task.done():
+            # Cut by a steering message or a stop, or the client went away: the call is ours.
+            await call.discard()
 
 
-async def stream_turn(run: Run, call: ModelCall, coalesce: bool) -> AsyncIterator[pb.StreamEvent | FinishReason | None]:
-    """The turn's events, then its FinishReason (None: a steering message cut it short)."""
+async def stream_turn(
+    run: Run, call: ModelCall, merge: bool = False
+) -> AsyncIterator[pb.StreamEvent | FinishReason | None]:
+    """The turn's events, then its FinishReason (None: a steering message cut it short).
+    `merge`: deltas of a coalescing provider that waited while the run wrote events leave as one,
+    as the provider joins those that wait in one read of its backend."""
     emitter = run.emitter
     inbox = run.inbox
-    queue = call.queue
-    assert queue is not None
-    # The bell rings on the deltas' queue for the whole call: a control ends the wait for a delta.
-    inbox.listen(queue)
-    merging, coalesce = coalesce, False
+    channel = call.channel
+    # The bell rings on the deltas' channel for the whole call: a control ends the wait for one.
+    inbox.listen(channel)
+    first = True
     try:
         while True:
             if inbox.attention:
@@ -168,55 +197,49 @@ async def stream_turn(run: Run, call: ModelCall, coalesce: bool) -> AsyncIterato
                         yield event
                     yield None
                     return
-            if coalesce and queue.qsize() > 1:
-                # Deltas waited while the events before them were written: they leave as one
-                # (but the turn's first one leaves as soon as it came: no added latency).
-                deltas = _waiting(queue)
-            else:
-                got = await queue.get()
-                if got is RING:
-                    continue  # the check above says what came
-                deltas = [got]
-            for delta in deltas:
-                if type(delta) is TurnEnd:
-                    _add_usage(emitter.response, delta.usage)
-                    status = ITEM_INCOMPLETE if delta.finish is FinishReason.LENGTH else ITEM_COMPLETED
-                    for event in emitter.close_turn(status):
-                        yield event
-                    yield delta.finish
-                    return
-                for event in _events_of(run, delta):
+            if len(channel) > 1 and merge and not first:
+                _merge_waiting(channel)
+            delta = channel.get_nowait() if len(channel) else await channel.get()
+            first = False
+            kind = type(delta)
+            if kind is TextDelta:
+                events = emitter.on_text(delta.text)
+            elif kind is TurnEnd:
+                _add_usage(emitter.response, delta.usage)
+                status = ITEM_INCOMPLETE if delta.finish is FinishReason.LENGTH else ITEM_COMPLETED
+                for event in emitter.close_turn(status):
                     yield event
-                coalesce = merging
+                yield delta.finish
+                return
+            elif delta is RING:
+                continue  # the check above says what came
+            else:
+                events = _events_of(run, delta)
+            for event in events:
+                yield event
     finally:
         inbox.listen(None)
         await call.discard()
 
 
-def _waiting(queue: asyncio.Queue[object]) -> list[object]:
-    """Everything on the queue now, consecutive deltas of one part joined; a bell is dropped (the
-    inbox says what came), and the first failure or end is kept last."""
-    taken: list[ProviderEvent] = []
-    last: object | None = None
-    while not queue.empty():
-        got = queue.get_nowait()
-        if got is RING:
+def _merge_waiting(channel: Channel) -> None:
+    """The deltas waiting on `channel`, consecutive ones of one part joined (a bell, the end or a
+    failure stays where it is)."""
+    waiting = channel.take_all()
+    deltas: list[ProviderEvent] = []
+    for item in waiting:
+        if isinstance(item, _MERGEABLE):
+            deltas.append(item)
             continue
-        if isinstance(got, BaseException) or got is _ENDED or type(got) is TurnEnd:
-            last = got
-            break
-        taken.append(got)  # type: ignore[arg-type]
-    merged: list[object] = list(merge_deltas(taken))
-    if last is not None:
-        merged.append(last)
-    return merged
+        channel.extend(merge_deltas(deltas))
+        deltas = []
+        channel.put_nowait(item)
+    channel.extend(merge_deltas(deltas))
 
 
 def _events_of(run: Run, delta: object) -> list[pb.StreamEvent]:
     emitter = run.emitter
     kind = type(delta)
-    if kind is TextDelta:
-        return emitter.on_text(delta.text)  # type: ignore[attr-defined]
     if kind is ToolCallDelta:
         assert isinstance(delta, ToolCallDelta)
         return emitter.on_tool_call(delta.index, delta.call_id, delta.name, delta.arguments)

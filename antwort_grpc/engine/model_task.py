@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import asyncio
 
+from antwort_grpc.engine.channel import Channel
+
 
 class ModelCall:
     """One call of the model for one turn, running in a task of its own."""
 
-    __slots__ = ("answered", "queue", "task")
+    __slots__ = ("answered", "channel", "streaming", "task")
 
-    def __init__(self, task: asyncio.Task[object], queue: asyncio.Queue[object] | None = None) -> None:
+    def __init__(self, task: asyncio.Task[None], channel: Channel, streaming: bool) -> None:
         self.task = task
-        # Streaming: the deltas as they arrive (then a TurnEnd, an exception, or _ENDED).
-        self.queue = queue
+        # What the call delivers: streaming, the deltas as they arrive (then a TurnEnd, an
+        # exception, or the end of the stream); else the Completion or the exception.
+        self.channel = channel
+        self.streaming = streaming
         # A before-model hook's answer, not the model's.
         self.answered = False
-
-    @property
-    def streaming(self) -> bool:
-        return self.queue is not None
 
     async def discard(self) -> None:
         """Abandon it unread (the run stopped, failed or was steered before reading it)."""

@@ -1,10 +1,11 @@
 """One response from start to end. The run owns its state: nothing outside writes its fields.
 
-Its verbs are few: `append` (the one way the conversation grows), `until` and `receive` (every
-wait races the inbox), `finish` (the one way it ends, through the status state machine), and the
-controls — `send`, `stop`, `detach` — which only record what came and ring the bell of the wait
-the run is in (inbox.py). No control cancels a task: a task is cancelled only by its owner, or by
-asyncio itself when the client goes away or the server shuts down.
+Its verbs are few: `append` (the one way the conversation grows), `receive` and
+`wait_for_control` (every wait reads a channel the inbox's bell rings on), `finish` (the one way
+it ends, through the status state machine), and the controls — `send`, `stop`, `detach` — which
+only record what came and ring the bell of the wait the run is in (inbox.py). No control cancels
+a task: a task is cancelled only by its owner, or by asyncio itself when the client goes away or
+the server shuts down.
 
 `Engine.start` builds a Run; `events()` drives it (the loop in loop.py), and controls act on it
 while it runs, from any task:
@@ -18,42 +19,25 @@ while it runs, from any task:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 from antwort_grpc import pb
 from antwort_grpc.engine import response_status
 from antwort_grpc.engine.budget import RunLimits
+from antwort_grpc.engine.channel import RING, Channel
 from antwort_grpc.engine.emitter import ResponseEmitter
 from antwort_grpc.engine.hook_gate import HookGate
-from antwort_grpc.engine.inbox import RING, Inbox
+from antwort_grpc.engine.inbox import Inbox
 from antwort_grpc.engine.model_task import ModelCall
 from antwort_grpc.engine.outcomes import Cancelled, Failed, FinalOutcome, Incomplete
 from antwort_grpc.engine.run_metrics import RunRecorder
 from antwort_grpc.engine.tools import ToolSet
 from antwort_grpc.engine.window import ContextWindow
 
-T = TypeVar("T")
-
 
 class Stopped(Exception):
     """A stop (cancel, deadline, max duration) seen by the run: it ends with the stop's outcome."""
-
-
-class Woken:
-    """What `until` returns when a control ended the wait first."""
-
-
-WOKEN = Woken()
-
-
-def stop_or_steer(inbox: Inbox) -> bool:
-    return inbox.attention
-
-
-def stop_only(inbox: Inbox) -> bool:
-    return bool(inbox.stop_reason)
 
 
 @dataclass(slots=True)
@@ -92,6 +76,8 @@ class RunSetup:
 class Run:
     def __init__(self, request: pb.CreateResponseRequest, response: pb.Response, setup: RunSetup) -> None:
         self.request = request
+        # The Response being built (the emitter fills it in; read it, never replace it).
+        self.response = response
         self.emitter = ResponseEmitter(response)
         self.input_items = setup.input_items
         self.tools = setup.tools
@@ -123,12 +109,8 @@ class Run:
     # -- what anyone may read ----------------------------------------------------------------------
 
     @property
-    def response(self) -> pb.Response:
-        return self.emitter.response
-
-    @property
     def response_id(self) -> str:
-        return self.emitter.response.id
+        return self.response.id
 
     @property
     def context(self) -> Sequence[pb.Item]:
@@ -216,47 +198,24 @@ class Run:
         taken, self._superseded = self._superseded, []
         return taken
 
-    async def until(self, awaitable: Awaitable[T], wakes: Callable[[Inbox], bool] = stop_only) -> T | Woken:
-        """`awaitable`'s result, unless a control for which `wakes(inbox)` holds comes first: then
-        WOKEN, and the awaitable (run in a task the run owns) is cancelled."""
-        task = asyncio.ensure_future(awaitable)
-        if wakes(self.inbox):
-            await _cancel(task)
-            return WOKEN
-        queue: asyncio.Queue[object] = asyncio.Queue()
-        task.add_done_callback(queue.put_nowait)
-        self.inbox.listen(queue)
+    async def receive(self, channel: Channel) -> object:
+        """The next thing on `channel` (tool results and progress), or RING when a control came
+        first (the caller looks at the inbox)."""
+        if len(channel):
+            return channel.get_nowait()
+        self.inbox.listen(channel)
         try:
-            while True:
-                got = await queue.get()
-                if got is task:
-                    return task.result()
-                if wakes(self.inbox):
-                    return WOKEN
-        finally:
-            self.inbox.listen(None)
-            if not task.done():
-                task.remove_done_callback(queue.put_nowait)
-                await _cancel(task)
-
-    async def receive(self, queue: asyncio.Queue[T]) -> T | object:
-        """The next thing on `queue` (a model call's deltas, tool results), or RING when a control
-        came first (the caller looks at the inbox)."""
-        if not queue.empty():
-            return queue.get_nowait()
-        self.inbox.listen(queue)  # type: ignore[arg-type]
-        try:
-            return await queue.get()
+            return await channel.get()
         finally:
             self.inbox.listen(None)
 
     async def wait_for_control(self, timeout_at: float | None = None) -> bool:
         """Wait until a control comes (False when `timeout_at`, in loop time, passes first)."""
-        queue: asyncio.Queue[object] = asyncio.Queue()
-        self.inbox.listen(queue)
+        channel = Channel()
+        self.inbox.listen(channel)
         try:
             async with asyncio.timeout_at(timeout_at):
-                return await queue.get() is RING
+                return await channel.get() is RING
         except TimeoutError:
             return False
         finally:
@@ -291,9 +250,3 @@ class Run:
         if reason == "deadline":
             return Failed("deadline_exceeded", "the request's deadline passed before the response finished")
         return Cancelled()
-
-
-async def _cancel(task: asyncio.Future[Any]) -> None:
-    """Cancel a task the run owns and wait for it to end (it may need to clean up)."""
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)

@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator, Collection, Sequence
 from antwort_grpc import pb
 from antwort_grpc.engine import turn_rules
 from antwort_grpc.engine.budget import ToolTimeouts, limit_reached
+from antwort_grpc.engine.channel import RING, Channel
 from antwort_grpc.engine.checkpoints import checkpoint
 from antwort_grpc.engine.emitter import new_item_id
 from antwort_grpc.engine.hook_gate import Following, Gated
-from antwort_grpc.engine.inbox import RING
 from antwort_grpc.engine.model_call import turn_request
 from antwort_grpc.engine.outcomes import ExecuteTools, Failed, RequiresAction
 from antwort_grpc.engine.run import Run, Stopped
@@ -193,7 +193,7 @@ class ToolRound(Step[Failed | None]):
         self.timeouts = ToolTimeouts.of(run.request)
         self.fail_on_error = run.request.tool_failure_mode == FAIL
         self.failed: Failed | None = None
-        self.queue: asyncio.Queue[object] = asyncio.Queue()
+        self.queue = Channel()
 
     async def events(self) -> AsyncIterator[pb.StreamEvent]:
         run = self.run

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from antwort_grpc import pb
 from antwort_grpc.engine import turn_rules
 from antwort_grpc.engine.budget import limit_reached, tool_calls_exceed
-from antwort_grpc.engine.checkpoints import checkpoint
+from antwort_grpc.engine.checkpoints import checkpoint, needs_checkpoint
 from antwort_grpc.engine.model_call import (
     add_completion,
     answered_by_hook,
@@ -52,6 +52,9 @@ class TurnSettings:
     approval_timeout: float
     # Stores the response as it is (after tool results).
     save: Callable[[Run], Awaitable[None]]
+    # The provider joins deltas that waited in one read of its backend (providers/coalesce.py):
+    # deltas that waited on the run's side are joined too.
+    coalescing: bool = False
 
 
 class Turn(Step[TurnOutcome]):
@@ -67,41 +70,57 @@ class Turn(Step[TurnOutcome]):
         self.calls: list[pb.FunctionCall] = []
 
     async def events(self) -> AsyncIterator[pb.StreamEvent]:
+        # Sub-steps that usually have nothing to say are entered only when they do: every async
+        # generator costs a few microseconds to start, and this runs once per turn.
         run = self.run
-        async for event in checkpoint(run):
-            yield event
+        if needs_checkpoint(run):
+            async for event in checkpoint(run):
+                yield event
         if (reason := limit_reached(run.limits, run.turn, run.response.usage.output_tokens)) is not None:
             self.end(Incomplete(reason))
             return
         self.number = run.next_turn()
         self.began = asyncio.get_running_loop().time()
-        async for event in self._open_call():
-            yield event
+        self.call = run.take_early()
+        if self.call is None:
+            if run.hooks is not None and run.hooks.asked_before_model:
+                async for event in self._ask_hooks_then_call():
+                    yield event
+            else:
+                self.call = call_model(run, self.settings.provider, turn_request(run, self.number))
         yield run.emitter.turn_started(self.number, run.round)
         run.emitter.start_turn()
-        async for event in self._read():
-            yield event
+        assert self.call is not None
+        if self.call.streaming:
+            merge = self.settings.coalescing and not run.request.delta_coalescing.disabled
+            async for step in stream_turn(run, self.call, merge):
+                if type(step) is pb.StreamEvent:
+                    yield step
+                else:
+                    self.finish = step  # type: ignore[assignment]
+        else:
+            for event in await self._complete():
+                yield event
         for event in self._model_ended():
             yield event
-        async for event in self._decide():
+        decided, screened = self._decide()
+        for event in decided:
             yield event
+        if screened is not None:
+            async for event in self._tools(screened):
+                yield event
 
     def completed(self) -> pb.StreamEvent:
         return self.run.emitter.turn_completed(self.number, asyncio.get_running_loop().time() - self.began)
 
     # -- the model call ---------------------------------------------------------------------------
 
-    async def _open_call(self) -> AsyncIterator[pb.StreamEvent]:
-        """The turn's model call: the one started early, or one made now — after the hooks, when
-        some are asked before a model call (a pause check waits here; an answer replaces it)."""
+    async def _ask_hooks_then_call(self) -> AsyncIterator[pb.StreamEvent]:
+        """The turn's model call after the hooks asked before it: a pause check waits here; an
+        answer replaces the call; changes apply to it."""
         run = self.run
-        self.call = run.take_early()
-        if self.call is not None:
-            return
         hooks = run.hooks
-        if hooks is None or not hooks.asked_before_model:
-            self.call = call_model(run, self.settings.provider, turn_request(run, self.number))
-            return
+        assert hooks is not None
         pause = True
         while True:
             decided = await hooks.before_model(self.number, turn_request(run, self.number), pause)
@@ -118,25 +137,14 @@ class Turn(Step[TurnOutcome]):
         else:
             self.call = call_model(run, self.settings.provider, decided)
 
-    async def _read(self) -> AsyncIterator[pb.StreamEvent]:
-        run = self.run
-        call = self.call
-        assert call is not None
-        if call.streaming:
-            coalesce = not run.request.delta_coalescing.disabled
-            async for step in stream_turn(run, call, coalesce):
-                if step is None or isinstance(step, FinishReason):
-                    self.finish = step
-                else:
-                    yield step
-            return
-        completion = await await_completion(run, call)
+    async def _complete(self) -> list[pb.StreamEvent]:
+        assert self.call is not None
+        completion = await await_completion(self.run, self.call)
         if completion is None:
             self.finish = None
-            return
+            return []
         self.finish = completion.finish
-        for event in add_completion(run, completion):
-            yield event
+        return add_completion(self.run, completion)
 
     def _model_ended(self) -> list[pb.StreamEvent]:
         """The model's items join the conversation; its metrics, then the after-model hooks."""
@@ -153,17 +161,18 @@ class Turn(Step[TurnOutcome]):
 
     # -- where it goes ----------------------------------------------------------------------------
 
-    async def _decide(self) -> AsyncIterator[pb.StreamEvent]:
+    def _decide(self) -> tuple[list[pb.StreamEvent], turn_rules.Screened | None]:
+        """Where the turn goes: its events, and the calls that go on to the tools (None: the turn
+        ended, its result is set)."""
         run = self.run
         emitter = run.emitter
         if self.finish is None:
             # Cut short by a steering message: its calls never run.
-            yield emitter.turn_decided(self.number, INTERRUPTED, len(self.calls))
-            for event in supersede(run, self.calls):
-                yield event
-            yield self.completed()
+            events = [emitter.turn_decided(self.number, INTERRUPTED, len(self.calls))]
+            events += supersede(run, self.calls)
+            events.append(self.completed())
             self.end(RunAgain())
-            return
+            return events, None
         choice = run.request.tool_choice if run.request.HasField("tool_choice") else None
         screened = turn_rules.screen_turn(
             finish=self.finish,
@@ -172,25 +181,24 @@ class Turn(Step[TurnOutcome]):
             loop_enabled=self.settings.loop_enabled,
             known=run.tools.routes,
         )
-        yield emitter.turn_decided(self.number, CALL_TOOLS if self.calls else RESPOND, len(self.calls))
+        events = [emitter.turn_decided(self.number, CALL_TOOLS if self.calls else RESPOND, len(self.calls))]
         if isinstance(screened, Completed | Incomplete):
-            yield self.completed()
+            events.append(self.completed())
             self.end(_answered(run, screened))
-            return
+            return events, None
         if tool_calls_exceed(run.limits, run.record.tool_calls, _server_calls(run, screened.accepted)):
-            for event in add_outputs(run, screened.rejected):
-                yield event
-            yield self.completed()
+            events += add_outputs(run, screened.rejected)
+            events.append(self.completed())
             self.end(Incomplete("max_tool_calls"))
-            return
-        async for event in self._tools(screened):
-            yield event
+            return events, None
+        return events, screened
 
     async def _tools(self, screened: turn_rules.Screened) -> AsyncIterator[pb.StreamEvent]:
         """Before the calls start: pause, then approvals; then the calls run, or the client's."""
         run = self.run
-        async for event in checkpoint(run, inject=False):
-            yield event
+        if needs_checkpoint(run):
+            async for event in checkpoint(run, inject=False):
+                yield event
         gate = ToolGate(run, screened, self.settings.approval_timeout)
         async for event in gate.events():
             yield event

@@ -46,6 +46,9 @@ class OpenAICompatProvider:
     """Provider for one OpenAI-compatible backend. Create it anywhere; the HTTP session is
     opened on first use in the running loop. Call `aclose()` at shutdown."""
 
+    # Deltas that come in one read of the backend leave as one (providers/coalesce.py).
+    coalesces = True
+
     def __init__(self, config: BackendConfig) -> None:
         self.config = config
         headers = {"User-Agent": _USER_AGENT, "Content-Type": "application/json", **config.headers}
