@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -31,7 +32,8 @@ from antwort_grpc.tool_services.sandbox.seccomp import (
     resolve,
 )
 from antwort_grpc.tool_services.sandbox.service import _code, prepare_runner
-from antwort_grpc.tool_services.sandbox.session import Stat, parse_stat
+from antwort_grpc.tool_services.sandbox.session import Stat, end_session, parse_stat
+from antwort_grpc.tool_services.sandbox.session import read_stat as session_stat
 
 # Root hands the code to uid 65534, which cannot reach an interpreter under /root (pyenv, say).
 PYTHON = "/usr/bin/python3" if os.geteuid() == 0 else sys.executable
@@ -294,6 +296,7 @@ def test_files_of_another_owner_are_not_collected(tmp_path: Path) -> None:
         ('{"code": "  "}', '"code"'),
         ("[]", '"code"'),
         ('{"code": "' + "x" * 101 + '"}', "longer than 100 bytes"),
+        ('{"code": "x = 1  # \\udc80"}', "lone surrogate (\\udc80 at character 9)"),
     ],
 )
 def test_the_arguments_must_carry_the_code(arguments: str, problem: str | None) -> None:
@@ -324,6 +327,19 @@ def test_the_command_drops_root_before_entering_the_namespaces() -> None:
     assert config["status_fd"] == 9
     assert config["landlock"]["write"] == ["/tmp/r/work"]
     assert config["landlock"]["read"] == ["/usr", "/tmp/r", "/proc"]  # the namespace's own /proc
+
+
+@pytest.mark.parametrize("count_all_memory", [False, True])
+def test_the_command_carries_the_filter_for_how_the_memory_budget_is_held(count_all_memory: bool) -> None:
+    isolation = Isolation("/usr/bin/python3", None, 5, None, ("/usr",))
+    argv = isolation.command([], "/tmp/r", "/tmp/r/work", "/tmp/r/main.py", 9, count_all_memory=count_all_memory)
+    config = json.loads(argv[-1])
+    machine = os.uname().machine
+    assert config["seccomp"]["program"] == [list(i) for i in program(machine, count_all_memory=count_all_memory)]
+    assert config["seccomp"]["without_keeper"] == [
+        list(i) for i in program(machine, notify=False, count_all_memory=count_all_memory)
+    ]
+    assert "/dev/zero" not in config["landlock"]["devices"]  # readable only: see SYSTEM_READ_PATHS
 
 
 def test_the_fallback_command_has_no_namespaces_and_no_proc() -> None:
@@ -373,6 +389,22 @@ def _processes_in(root: Path) -> list[str]:
         except OSError:
             continue
     return found
+
+
+def test_what_is_left_of_a_session_is_killed_whoever_its_parent_is() -> None:
+    """An orphan (its parent, the session's leader, gone: as when a keeper dies) is found by its
+    session and killed."""
+    leader = subprocess.Popen(
+        ["sh", "-c", "sleep 1000 & echo $!"], stdout=subprocess.PIPE, start_new_session=True, text=True
+    )
+    assert leader.stdout is not None
+    orphan = int(leader.stdout.readline())
+    leader.wait()
+    assert os.getsid(orphan) == leader.pid
+    assert end_session(leader.pid) == 1
+    assert end_session(leader.pid) == 0  # killed: gone, or a zombie that its new parent collects
+    stat = session_stat(orphan)
+    assert stat is None or stat.state == "Z"
 
 
 def test_a_stat_line_is_read_past_a_command_name_with_spaces_and_parentheses() -> None:

@@ -51,17 +51,17 @@ def processes(session: int, proc: str = "/proc") -> Iterator[tuple[int, Stat]]:
 
 
 def end_session(session: int) -> int:
-    """SIGKILL every process left in `session`, round after round until none is; how many were
-    killed. Each through a pidfd opened before its session is checked, so that a pid reused
+    """SIGKILL every process left in `session`, round after round until none is; how many there
+    were. Each through a pidfd opened before its session is checked, so that a pid reused
     meanwhile by another process is never hit."""
-    killed = 0
+    killed: set[int] = set()
     for _ in range(END_ROUNDS):
         left = [pid for pid, _ in processes(session)]
         if not left:
             break
-        killed += sum(_kill_member(pid, session) for pid in left)
+        killed.update(pid for pid in left if _kill_member(pid, session))
         time.sleep(ROUND_PAUSE_SECONDS)
-    return killed
+    return len(killed)
 
 
 def _kill_member(pid: int, session: int) -> bool:
