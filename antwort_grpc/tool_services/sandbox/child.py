@@ -158,8 +158,8 @@ def landlock(abi: int, read: list[str], write: list[str], devices: list[str]) ->
 
 def install_seccomp(seccomp: dict[str, Any], group: int) -> int:
     """Install the filter, with the code's process group filled in. Returns the listener of its
-    user notifications, for the keeper; -1 on a kernel without them (before 5.0), where the filter
-    installed instead refuses what the keeper would have judged."""
+    user notifications, for the keeper; -1 where there are none (a kernel before 5.0, or a seccomp
+    profile that refuses them), and then the filter installed refuses what the keeper would judge."""
     if seccomp["program"] is not None:
         fprog = _fprog(seccomp["program"], group)
         flags = ctypes.c_ulong(SECCOMP_FILTER_FLAG_NEW_LISTENER)
@@ -167,8 +167,6 @@ def install_seccomp(seccomp: dict[str, Any], group: int) -> int:
         listener = int(_libc.syscall(nr, mode, flags, ctypes.byref(fprog)))
         if listener >= 0:
             return listener
-        if ctypes.get_errno() != errno.EINVAL:
-            _check(listener, "seccomp")
     fprog = _fprog(seccomp["without_keeper"], group)
     mode = ctypes.c_ulong(SECCOMP_MODE_FILTER)
     _check(_libc.prctl(PR_SET_SECCOMP, mode, ctypes.byref(fprog), ctypes.c_ulong(0), ctypes.c_ulong(0)), "seccomp")
