@@ -163,6 +163,74 @@ async def test_code_cannot_signal_the_service_its_threads_or_another_calls_keepe
     assert outcomes["kill(keeper, SIGKILL)"] == outcomes["F_SETOWN(service)"] == "Operation not permitted"
 
 
+# The code's own filter with a listener, and an answer that lets the kill run (FLAG_CONTINUE): the
+# kernel gives a notification to the newest of several filters that ask for one.
+OWN_FILTER = """
+import ctypes, os, signal, threading
+libc = ctypes.CDLL(None, use_errno=True)
+class Ins(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+class Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Ins))]
+class Note(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint64), ("pid", ctypes.c_uint32), ("flags", ctypes.c_uint32), ("nr", ctypes.c_int32),
+                ("arch", ctypes.c_uint32), ("ip", ctypes.c_uint64), ("args", ctypes.c_uint64 * 6)]
+class Answer(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint64), ("val", ctypes.c_int64), ("error", ctypes.c_int32), ("flags", ctypes.c_uint32)]
+KILL, SECCOMP = {{"x86_64": (62, 317), "aarch64": (129, 277)}}[os.uname().machine]
+# kill -> user notification, everything else allowed
+program = (Ins * 4)(Ins(0x20, 0, 0, 0), Ins(0x15, 0, 1, KILL), Ins(0x06, 0, 0, 0x7FC00000), Ins(0x06, 0, 0, 0x7FFF0000))
+listener = libc.syscall(SECCOMP, 1, 8, ctypes.byref(Prog(4, program)))  # SECCOMP_FILTER_FLAG_NEW_LISTENER
+print("own listener:", os.strerror(ctypes.get_errno()) if listener < 0 else "installed", flush=True)
+
+def let_through():
+    note = Note()
+    if libc.ioctl(listener, ctypes.c_ulong(0xC0502100), ctypes.byref(note)) == 0:
+        libc.ioctl(listener, ctypes.c_ulong(0xC0182101), ctypes.byref(Answer(note.id, 0, 0, 1)))
+
+if listener >= 0:
+    threading.Thread(target=let_through, daemon=True).start()
+try:
+    os.kill({keeper}, signal.SIGKILL)
+    print("kill: done")
+except OSError as err:
+    print("kill:", err.strerror)
+"""
+
+
+async def own_filter_attack(stub: pb.ToolExecutorServiceStub, box: Sandbox) -> str:
+    """A victim call's keeper, attacked through a filter of the attacker's own; the attack's output."""
+    victim = stub.Execute(_request("import time\ntime.sleep(1000)", call_id="victim"))
+    assert (await victim.read()).progress.message == "started"
+    await until(lambda: code_processes(box))
+    [victim_code] = code_processes(box)
+    keeper = parent(victim_code)
+    attack = await run(stub, OWN_FILTER.format(keeper=keeper))
+    assert alive(keeper) and alive(victim_code), attack.output
+    victim.cancel()
+    await until(lambda: not alive(victim_code))
+    return str(attack.output["stdout"])
+
+
+async def test_a_seccomp_filter_of_the_codes_own_cannot_let_a_signal_through(
+    stub: pb.ToolExecutorServiceStub, box: Sandbox
+) -> None:
+    """The kernel allows one listener per chain of filters: the keeper's."""
+    assert (
+        await own_filter_attack(stub, box) == "own listener: Device or resource busy\nkill: Operation not permitted\n"
+    )
+
+
+async def test_without_the_keeper_a_filter_of_the_codes_own_cannot_let_a_signal_through(
+    without_notify: Sandbox,
+) -> None:
+    """Its listener installs, but the service's filter refuses the kill, and the most restrictive
+    answer of all filters wins."""
+    async for stub in _stub(without_notify):
+        output = await own_filter_attack(stub, without_notify)
+    assert output == "own listener: installed\nkill: Operation not permitted\n"
+
+
 OWN_PROCESSES = """
 import json, os, signal, subprocess, time
 import multiprocessing as mp

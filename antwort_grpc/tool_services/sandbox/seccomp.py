@@ -7,7 +7,9 @@ a valid target. So the filter lets a signal through by itself only when it canno
 own process group (pid 0, the group, its leader), refuses one aimed at any other group or at every
 process (-1), and hands one aimed at any other pid to the keeper as a seccomp user notification:
 the keeper sends it only to a member of the code's group (child.py). Where the kernel has no user
-notification (before 5.0) the program is built with `notify=False` and refuses those too.
+notification (before 5.0) the program is built with `notify=False` and refuses those too. The
+code cannot take the keeper's place with a filter of its own: the kernel allows one listener per
+chain of filters (EBUSY), and without one the most restrictive answer of all filters wins.
 Other ways to make the kernel signal a process (F_SETOWN, F_SETSIG, F_SETOWN_EX, FIOSETOWN,
 SIOCSPGRP; pidfds; tkill) are refused outright.
 
