@@ -1,8 +1,9 @@
 """The sandbox service as a real process, attacked the way a hostile program would: acting on the
-service or on another call's processes, reaching a host socket, nesting directories past Python's
-recursion limit. Three services: namespaces (the service as root, the code as uid 65534), the
-fallback as root, and the fallback with the code on the service's own uid (a non-root service,
-as in a pod whose seccomp profile forbids user namespaces).
+service or on another call's processes, holding shared memory the budget cannot see, reaching a
+host socket, nesting directories past Python's recursion limit; and a keeper killed from outside.
+Three services: namespaces (the service as root, the code as uid 65534), the fallback as root,
+and the fallback with the code on the service's own uid (a non-root service, as in a pod whose
+seccomp profile forbids user namespaces). Signals: test_sandbox_signals.py.
 """
 
 from __future__ import annotations
