@@ -76,7 +76,8 @@ print("ok")
 # How one call's processes share one memory budget; said in the startup log line.
 CGROUP_BUDGET = "cgroup v2 (memory.max and pids.max of a cgroup per call)"
 WATCHER_BUDGET = (
-    "watcher (resident memory of the call's processes, summed every 0.1 s; memfds and shared anonymous memory refused)"
+    "watcher (resident and swapped-out memory of the call's processes, summed every 0.1 s; "
+    "memfds and shared anonymous memory refused)"
 )
 # What the child (child.py) imports, asked of a candidate interpreter.
 _NEEDS = "import ctypes, json, resource, signal, socket, struct, threading"
