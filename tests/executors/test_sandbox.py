@@ -266,6 +266,28 @@ async def test_arguments_without_code_are_an_error_result(stub: pb.ToolExecutorS
     assert '"code"' in updates[-1].result.output
 
 
+async def test_a_lone_surrogate_in_the_code_is_an_error_result_and_one_log_line(
+    stub: pb.ToolExecutorServiceStub, sandbox: Sandbox
+) -> None:
+    """JSON may escape half of a UTF-16 pair ("\\ud800"); no UTF-8 exists for it."""
+    call = pb.FunctionCall(call_id="call_surrogate", name="run_python", arguments='{"code": "print(1) # \\ud800"}')
+    updates = [u async for u in stub.Execute(pb.ExecuteRequest(call=call))]
+    result = updates[-1].result
+    assert result.is_error
+    assert result.output == '"code" is not valid Unicode text: it holds a lone surrogate (\\ud800 at character 11)'
+    lines = [line for line in sandbox.log.read_text().splitlines() if "call_surrogate" in line]
+    assert len(lines) == 1 and "refused" in lines[0], lines
+    assert "Traceback" not in sandbox.log.read_text()
+
+
+async def test_a_file_whose_name_is_not_utf8_is_listed_with_replacement_characters(
+    stub: pb.ToolExecutorServiceStub,
+) -> None:
+    result = await run(stub, "open(b'caf\\xe9.txt', 'w').write('latin-1 name')")
+    assert not result.is_error, result.output
+    assert [(f["path"], f["content"]) for f in result.output["files"]] == [("caf\ufffd.txt", "latin-1 name")]
+
+
 # Containment, with the isolation this machine allows.
 
 

@@ -1,8 +1,9 @@
 """The sandbox service as a real process, attacked the way a hostile program would: acting on the
-service or on another call's processes, reaching a host socket, nesting directories past Python's
-recursion limit. Three services: namespaces (the service as root, the code as uid 65534), the
-fallback as root, and the fallback with the code on the service's own uid (a non-root service,
-as in a pod whose seccomp profile forbids user namespaces).
+service or on another call's processes, holding shared memory the budget cannot see, reaching a
+host socket, nesting directories past Python's recursion limit; and a keeper killed from outside.
+Three services: namespaces (the service as root, the code as uid 65534), the fallback as root,
+and the fallback with the code on the service's own uid (a non-root service, as in a pod whose
+seccomp profile forbids user namespaces). Signals: test_sandbox_signals.py.
 """
 
 from __future__ import annotations
@@ -351,6 +352,97 @@ async def test_children_that_allocate_together_past_the_limit_stop_the_call(
     assert code_processes(box) == []
     after = await run(stub, "print(6 * 7)")
     assert after.output["stdout"] == "42\n"
+
+
+# Shared memory that no process's resident memory shows: four processes each hold 100 MB (400 MB
+# against the budget of 256 MB) in 10 MB pieces, none of them resident for long.
+HOLD_SHARED = """
+import ctypes, mmap, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+PIECE = 1 << 20  # the file size limit of these services: a memfd grows no larger
+kept = []
+
+def memfd():
+    # Written, mapped, never touched, its descriptor closed: held by the mapping alone.
+    fd = os.memfd_create("piece")
+    os.write(fd, b"\\1" * PIECE)
+    if libc.mmap(None, PIECE, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0) in (None, 2**64 - 1):
+        raise OSError(ctypes.get_errno(), "mmap")
+    os.close(fd)
+
+def shared_anonymous():
+    # Touched, then dropped from the page tables: the pages stay in the shared object.
+    kept.append(piece := mmap.mmap(-1, 10 * PIECE, flags=mmap.MAP_SHARED))
+    piece.write(b"\\1" * len(piece))
+    piece.madvise(mmap.MADV_DONTNEED)
+
+def dev_zero():
+    fd = os.open("/dev/zero", os.O_RDWR)  # a shared mapping of it is shared anonymous memory
+    kept.append(piece := mmap.mmap(fd, 10 * PIECE, flags=mmap.MAP_SHARED))
+    piece.write(b"\\1" * len(piece))
+    piece.madvise(mmap.MADV_DONTNEED)
+
+ways = {{"memfd": (memfd, 100), "shared anonymous": (shared_anonymous, 10), "/dev/zero": (dev_zero, 10)}}
+hold, count = ways[{kind!r}]
+for _ in range(3):
+    if os.fork() == 0:
+        for _ in range(count):
+            hold()
+        time.sleep(1)  # ten looks of the watcher
+        os._exit(0)
+for _ in range(count):
+    hold()
+print("held 400 MB", flush=True)
+time.sleep(1)
+for _ in range(3):
+    os.wait()
+"""
+
+
+@pytest.mark.parametrize("kind", ["memfd", "shared anonymous", "/dev/zero"])
+async def test_shared_memory_the_memory_budget_cannot_see_is_refused(
+    stub: pb.ToolExecutorServiceStub, box: Sandbox, kind: str
+) -> None:
+    """The watcher sums resident memory: memory a memfd or a shared mapping holds without being
+    resident cannot be created where it holds the budget (here: no cgroup v2 on these machines)."""
+    result = await run(stub, HOLD_SHARED.format(kind=kind))
+    out = result.output
+    assert "held" not in out["stdout"], out
+    assert result.is_error and "PermissionError: [Errno" in out["stderr"], out
+    private = await run(stub, "import mmap\nm = mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE)\nm.write(b'x')\n")
+    assert not private.is_error, private.output
+
+
+async def test_a_keeper_killed_from_outside_leaves_nothing_of_its_call(box: Sandbox) -> None:
+    """The keeper cannot be killed by the code; were it killed anyway (the OOM killer, an
+    operator), its call ends at once and takes all its processes with it."""
+    async for stub in _stub(box):
+        call = stub.Execute(_request("import subprocess, time\nsubprocess.Popen(['sleep', '1000'])\ntime.sleep(1000)"))
+        assert (await call.read()).progress.message == "started"
+        await until(lambda: any(children(pid) for pid in code_processes(box)))  # the code and its sleep
+        [code] = code_processes(box)
+        session = os.getsid(code)
+        os.kill(parent_of(code), signal.SIGKILL)
+        while (update := await call.read()).WhichOneof("update") != "result":
+            pass
+        result = json.loads(update.result.output)
+        assert result["limit"] is None, result
+        assert result["error"].startswith("the sandbox could not run the code: the sandbox process ended"), result
+        assert [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if in_session(pid, session)] == []
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def in_session(pid: int, session: int) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z" and int(fields[3]) == session
 
 
 def test_the_startup_line_says_how_the_memory_budget_is_held(services: dict[str, Sandbox]) -> None:

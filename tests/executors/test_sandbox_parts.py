@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -17,12 +18,22 @@ import pytest
 from pydantic import ValidationError
 
 from antwort_grpc.tool_services.sandbox import SandboxSettings
-from antwort_grpc.tool_services.sandbox.budget import PAGE, Usage, code_usage, parse_stat
-from antwort_grpc.tool_services.sandbox.child import ARCHES, RET_ALLOW, RET_ERRNO, RET_KILL_PROCESS, seccomp_program
+from antwort_grpc.tool_services.sandbox.budget import PAGE, Usage, code_usage
 from antwort_grpc.tool_services.sandbox.isolation import NAMESPACE_FLAGS, Isolation
 from antwort_grpc.tool_services.sandbox.limits import Limits, read_capped
 from antwort_grpc.tool_services.sandbox.output import collect_files, exit_status
+from antwort_grpc.tool_services.sandbox.seccomp import (
+    ARCHES,
+    RET_ALLOW,
+    RET_ERRNO,
+    RET_KILL_PROCESS,
+    RET_USER_NOTIF,
+    program,
+    resolve,
+)
 from antwort_grpc.tool_services.sandbox.service import _code, prepare_runner
+from antwort_grpc.tool_services.sandbox.session import Stat, end_session, parse_stat
+from antwort_grpc.tool_services.sandbox.session import read_stat as session_stat
 
 # Root hands the code to uid 65534, which cannot reach an interpreter under /root (pyenv, say).
 PYTHON = "/usr/bin/python3" if os.geteuid() == 0 else sys.executable
@@ -49,6 +60,13 @@ def run_bpf(prog: list[tuple[int, int, int, int]], arch: int, nr: int, *args: in
 
 
 X86_64, AARCH64 = ARCHES["x86_64"].audit, ARCHES["aarch64"].audit
+GROUP = 777  # the code's process group in these programs
+
+
+def seccomp_program(
+    machine: str, *, notify: bool = True, count_all_memory: bool = False
+) -> list[tuple[int, int, int, int]]:
+    return resolve(program(machine, notify=notify, count_all_memory=count_all_memory), GROUP)
 
 
 @pytest.mark.parametrize(
@@ -75,34 +93,86 @@ def test_the_seccomp_filter_denies_sockets_and_leaving_the_process_group(
 
 
 SERVICE, KEEPER = 4242, 77
-PROTECTED = (SERVICE, KEEPER, -KEEPER, -SERVICE, -1)
+PERM, NOTIFY = RET_ERRNO | errno.EPERM, RET_USER_NOTIF
 
 
 @pytest.mark.parametrize(
-    ("machine", "arch", "nr", "pid", "action"),
+    ("machine", "arch", "nr", "args", "with_keeper", "without_keeper"),
     [
-        ("x86_64", X86_64, 62, SERVICE, RET_ERRNO | errno.EPERM),  # kill(service)
-        ("x86_64", X86_64, 62, -SERVICE, RET_ERRNO | errno.EPERM),  # kill(-service group)
-        ("x86_64", X86_64, 62, -1, RET_ERRNO | errno.EPERM),  # kill(every process)
-        ("x86_64", X86_64, 62, KEEPER, RET_ERRNO | errno.EPERM),  # kill(keeper)
-        ("x86_64", X86_64, 234, SERVICE, RET_ERRNO | errno.EPERM),  # tgkill(service, tid)
-        ("x86_64", X86_64, 434, SERVICE, RET_ERRNO | errno.EPERM),  # pidfd_open(service)
-        ("x86_64", X86_64, 200, 5, RET_ERRNO | errno.EPERM),  # tkill: any thread
-        ("x86_64", X86_64, 424, 3, RET_ERRNO | errno.EPERM),  # pidfd_send_signal
-        ("x86_64", X86_64, 62, 1234, RET_ALLOW),  # kill(the code's own child)
-        ("x86_64", X86_64, 62, 0, RET_ALLOW),  # kill(its own group)
-        ("x86_64", X86_64, 0, SERVICE, RET_ALLOW),  # read(fd 4242): only signalling syscalls are checked
-        ("aarch64", AARCH64, 129, SERVICE, RET_ERRNO | errno.EPERM),  # kill(service)
-        ("aarch64", AARCH64, 129, 1234, RET_ALLOW),
+        ("x86_64", X86_64, 62, (0, 9), RET_ALLOW, RET_ALLOW),  # kill(its own group)
+        ("x86_64", X86_64, 62, (GROUP, 9), RET_ALLOW, RET_ALLOW),  # kill(the group's leader: the code)
+        ("x86_64", X86_64, 62, (-GROUP, 9), RET_ALLOW, RET_ALLOW),  # kill(-its own group)
+        ("x86_64", X86_64, 62, (GROUP | 1 << 32, 9), RET_ALLOW, RET_ALLOW),  # pid_t is the low word
+        ("x86_64", X86_64, 62, (1234, 9), NOTIFY, PERM),  # kill(a pid: its child, or the service)
+        ("x86_64", X86_64, 62, (SERVICE, 0), NOTIFY, PERM),  # kill(service, 0): a probe
+        ("x86_64", X86_64, 62, (KEEPER, 9), NOTIFY, PERM),
+        ("x86_64", X86_64, 62, (-SERVICE, 9), PERM, PERM),  # kill(another group)
+        ("x86_64", X86_64, 62, (-KEEPER, 9), PERM, PERM),
+        ("x86_64", X86_64, 62, (-1, 0), PERM, PERM),  # kill(every process)
+        ("x86_64", X86_64, 234, (GROUP, 778, 6), RET_ALLOW, RET_ALLOW),  # tgkill(the code, a thread of it)
+        ("x86_64", X86_64, 234, (SERVICE, 4243, 9), NOTIFY, PERM),  # tgkill(service, a thread)
+        ("x86_64", X86_64, 129, (GROUP, 10, 0x1000), RET_ALLOW, RET_ALLOW),  # rt_sigqueueinfo(the code)
+        ("x86_64", X86_64, 129, (SERVICE, 9, 0x1000), NOTIFY, PERM),
+        ("x86_64", X86_64, 297, (SERVICE, 4243, 9, 0x1000), NOTIFY, PERM),  # rt_tgsigqueueinfo
+        ("x86_64", X86_64, 200, (5, 9), PERM, PERM),  # tkill: any thread
+        ("x86_64", X86_64, 424, (3, 9), PERM, PERM),  # pidfd_send_signal
+        ("x86_64", X86_64, 434, (GROUP, 0), PERM, PERM),  # pidfd_open, even of its own
+        ("x86_64", X86_64, 72, (3, 8, SERVICE), PERM, PERM),  # fcntl(F_SETOWN)
+        ("x86_64", X86_64, 72, (3, 10, 9), PERM, PERM),  # fcntl(F_SETSIG)
+        ("x86_64", X86_64, 72, (3, 15, 0x1000), PERM, PERM),  # fcntl(F_SETOWN_EX)
+        ("x86_64", X86_64, 72, (3, 4, 0x800), RET_ALLOW, RET_ALLOW),  # fcntl(F_SETFL): the others stay
+        ("x86_64", X86_64, 16, (3, 0x8901, 0x1000), PERM, PERM),  # ioctl(FIOSETOWN)
+        ("x86_64", X86_64, 16, (3, 0x8902, 0x1000), PERM, PERM),  # ioctl(SIOCSPGRP)
+        ("x86_64", X86_64, 16, (1, 0x5401, 0x1000), RET_ALLOW, RET_ALLOW),  # ioctl(TCGETS)
+        ("x86_64", X86_64, 0, (SERVICE,), RET_ALLOW, RET_ALLOW),  # read(fd 4242): only what is named is checked
+        ("aarch64", AARCH64, 129, (SERVICE, 9), NOTIFY, PERM),  # kill(service)
+        ("aarch64", AARCH64, 129, (-SERVICE, 9), PERM, PERM),
+        ("aarch64", AARCH64, 129, (0, 9), RET_ALLOW, RET_ALLOW),
+        ("aarch64", AARCH64, 131, (SERVICE, 4243, 9), NOTIFY, PERM),  # tgkill
+        ("aarch64", AARCH64, 25, (3, 8, SERVICE), PERM, PERM),  # fcntl(F_SETOWN)
+        ("aarch64", AARCH64, 29, (3, 0x8901, 0x1000), PERM, PERM),  # ioctl(FIOSETOWN)
     ],
 )
-def test_the_seccomp_filter_keeps_signals_away_from_the_service_and_the_keeper(
-    machine: str, arch: int, nr: int, pid: int, action: int
+def test_the_seccomp_filter_keeps_signals_within_the_codes_own_group(
+    machine: str, arch: int, nr: int, args: tuple[int, ...], with_keeper: int, without_keeper: int
 ) -> None:
-    assert run_bpf(seccomp_program(machine, PROTECTED), arch, nr, pid) == action
+    """What the filter cannot judge goes to the keeper; without one (a kernel before 5.0) it is
+    refused."""
+    assert run_bpf(seccomp_program(machine), arch, nr, *args) == with_keeper
+    assert run_bpf(seccomp_program(machine, notify=False), arch, nr, *args) == without_keeper
 
 
-PERM, ACCES = RET_ERRNO | errno.EPERM, RET_ERRNO | errno.EACCES
+MAP_SHARED_ANON, MAP_PRIVATE_ANON = 0x21, 0x22
+
+
+@pytest.mark.parametrize(
+    ("machine", "arch", "nr", "args", "watcher", "cgroup"),
+    [
+        ("x86_64", X86_64, 319, (0x1000, 0), PERM, RET_ALLOW),  # memfd_create
+        ("x86_64", X86_64, 447, (0,), PERM, RET_ALLOW),  # memfd_secret
+        ("x86_64", X86_64, 9, (0, 1 << 20, 3, MAP_SHARED_ANON, -1, 0), PERM, RET_ALLOW),  # mmap shared anonymous
+        ("x86_64", X86_64, 9, (0, 1 << 20, 3, 0x23, -1, 0), PERM, RET_ALLOW),  # MAP_SHARED_VALIDATE|MAP_ANONYMOUS
+        ("x86_64", X86_64, 9, (0, 1 << 20, 3, MAP_PRIVATE_ANON | 0x4000, -1, 0), RET_ALLOW, RET_ALLOW),  # malloc's
+        ("x86_64", X86_64, 9, (0, 1 << 20, 1, 0x01, 3, 0), RET_ALLOW, RET_ALLOW),  # a file, shared
+        ("x86_64", X86_64, 29, (0, 1 << 20, 0o1600), PERM, PERM),  # shmget: always
+        ("x86_64", X86_64, 30, (5, 0, 0), PERM, PERM),  # shmat of a host segment
+        ("x86_64", X86_64, 68, (0, 0o1600), PERM, PERM),  # msgget
+        ("x86_64", X86_64, 64, (0, 1, 0o1600), PERM, PERM),  # semget
+        ("x86_64", X86_64, 240, (0x1000, 0o100, 0o600, 0), PERM, PERM),  # mq_open
+        ("aarch64", AARCH64, 279, (0x1000, 0), PERM, RET_ALLOW),  # memfd_create
+        ("aarch64", AARCH64, 222, (0, 1 << 20, 3, MAP_SHARED_ANON, -1, 0), PERM, RET_ALLOW),
+        ("aarch64", AARCH64, 222, (0, 1 << 20, 3, MAP_PRIVATE_ANON, -1, 0), RET_ALLOW, RET_ALLOW),
+        ("aarch64", AARCH64, 194, (0, 1 << 20, 0o1600), PERM, PERM),  # shmget
+    ],
+)
+def test_shared_memory_the_watcher_cannot_see_is_refused_unless_a_cgroup_counts_it(
+    machine: str, arch: int, nr: int, args: tuple[int, ...], watcher: int, cgroup: int
+) -> None:
+    assert run_bpf(seccomp_program(machine), arch, nr, *args) == watcher
+    assert run_bpf(seccomp_program(machine, count_all_memory=True), arch, nr, *args) == cgroup
+
+
+ACCES = RET_ERRNO | errno.EACCES
 
 
 @pytest.mark.parametrize(
@@ -141,12 +211,12 @@ PERM, ACCES = RET_ERRNO | errno.EPERM, RET_ERRNO | errno.EACCES
 def test_the_seccomp_filter_keeps_the_code_from_acting_on_other_processes_or_host_sockets(
     machine: str, arch: int, nr: int, args: tuple[int, ...], action: int
 ) -> None:
-    assert run_bpf(seccomp_program(machine, PROTECTED), arch, nr, *args) == action
+    assert run_bpf(seccomp_program(machine), arch, nr, *args) == action
 
 
 def test_an_architecture_without_a_filter_is_refused() -> None:
     with pytest.raises(OSError, match="no seccomp filter"):
-        seccomp_program("riscv64")
+        program("riscv64")
 
 
 async def test_output_past_the_cap_is_discarded_and_reported_once() -> None:
@@ -226,6 +296,7 @@ def test_files_of_another_owner_are_not_collected(tmp_path: Path) -> None:
         ('{"code": "  "}', '"code"'),
         ("[]", '"code"'),
         ('{"code": "' + "x" * 101 + '"}', "longer than 100 bytes"),
+        ('{"code": "x = 1  # \\udc80"}', "lone surrogate (\\udc80 at character 9)"),
     ],
 )
 def test_the_arguments_must_carry_the_code(arguments: str, problem: str | None) -> None:
@@ -256,6 +327,19 @@ def test_the_command_drops_root_before_entering_the_namespaces() -> None:
     assert config["status_fd"] == 9
     assert config["landlock"]["write"] == ["/tmp/r/work"]
     assert config["landlock"]["read"] == ["/usr", "/tmp/r", "/proc"]  # the namespace's own /proc
+
+
+@pytest.mark.parametrize("count_all_memory", [False, True])
+def test_the_command_carries_the_filter_for_how_the_memory_budget_is_held(count_all_memory: bool) -> None:
+    isolation = Isolation("/usr/bin/python3", None, 5, None, ("/usr",))
+    argv = isolation.command([], "/tmp/r", "/tmp/r/work", "/tmp/r/main.py", 9, count_all_memory=count_all_memory)
+    config = json.loads(argv[-1])
+    machine = os.uname().machine
+    assert config["seccomp"]["program"] == [list(i) for i in program(machine, count_all_memory=count_all_memory)]
+    assert config["seccomp"]["without_keeper"] == [
+        list(i) for i in program(machine, notify=False, count_all_memory=count_all_memory)
+    ]
+    assert "/dev/zero" not in config["landlock"]["devices"]  # readable only: see SYSTEM_READ_PATHS
 
 
 def test_the_fallback_command_has_no_namespaces_and_no_proc() -> None:
@@ -307,10 +391,26 @@ def _processes_in(root: Path) -> list[str]:
     return found
 
 
+def test_what_is_left_of_a_session_is_killed_whoever_its_parent_is() -> None:
+    """An orphan (its parent, the session's leader, gone: as when a keeper dies) is found by its
+    session and killed."""
+    leader = subprocess.Popen(
+        ["sh", "-c", "sleep 1000 & echo $!"], stdout=subprocess.PIPE, start_new_session=True, text=True
+    )
+    assert leader.stdout is not None
+    orphan = int(leader.stdout.readline())
+    leader.wait()
+    assert os.getsid(orphan) == leader.pid
+    assert end_session(leader.pid) == 1
+    assert end_session(leader.pid) == 0  # killed: gone, or a zombie that its new parent collects
+    stat = session_stat(orphan)
+    assert stat is None or stat.state == "Z"
+
+
 def test_a_stat_line_is_read_past_a_command_name_with_spaces_and_parentheses() -> None:
     # After the name: state, ppid, pgrp, session, then 16 fields, vsize and rss (the 24th field).
     line = "4242 (evil) 1 2 3 (x) S 1 777 700 " + " ".join(["0"] * 16) + " 4096 93 18446744073709551615\n"
-    assert parse_stat(line) == (777, 700, 93)
+    assert parse_stat(line) == Stat("S", 777, 700, 93)
 
 
 def test_the_code_usage_counts_the_session_outside_its_leaders_group(tmp_path: Path) -> None:

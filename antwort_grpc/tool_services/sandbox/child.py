@@ -2,12 +2,14 @@
 
 The service starts it as `python -I -S -c <this file's source> <config JSON>` (inside the
 namespaces when they are on), so it uses the standard library only and imports nothing of the
-package. It forks the code's process, which in order sets the resource limits, no_new_privs, drops
-every capability, restricts the file system, TCP and signals with Landlock, installs a seccomp
-filter and execs the interpreter. This process stays outside all that as the code's keeper: it
-kills and reaps what the code leaves behind, and writes the code's exit status as JSON to the
-status descriptor, which the code never sees. A hardening step that fails is reported there too,
-and the code does not run.
+package. It forks the code's process into a process group of its own, which in order sets the
+resource limits, no_new_privs, drops every capability, restricts the file system, TCP and signals
+with Landlock, installs the seccomp filter the service built (seccomp.py) and execs the
+interpreter. This process stays outside all that as the code's keeper: it kills and reaps what the
+code leaves behind, writes the code's exit status as JSON to the status descriptor, which the code
+never sees, and answers the filter's user notifications: a signal the code sends to a pid the
+filter cannot judge is delivered only to a member of the code's own group. A hardening step that
+fails is reported on the status descriptor too, and the code does not run.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import json
 import os
 import resource
 import signal
+import socket
+import struct
 import sys
-from dataclasses import dataclass
+import threading
 from typing import Any
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -38,6 +42,14 @@ SECURE_ALL_BITS_LOCKED = 0xFF  # noroot, no_setuid_fixup, keep_caps off, no_cap_
 SECCOMP_MODE_FILTER = 2
 CAP_SETPCAP = 8
 
+# seccomp(2) with a listener for user notifications (kernel 5.0), and its ioctls: receive one
+# (struct seccomp_notif, 80 bytes), answer it (struct seccomp_notif_resp, 24 bytes), check that its
+# caller is still waiting. FLAG_CONTINUE (kernel 5.5) lets the kernel run the syscall as asked.
+SECCOMP_SET_MODE_FILTER = 1
+SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
+NOTIF_RECV, NOTIF_SEND, NOTIF_ID_VALID = 0xC0502100, 0xC0182101, 0x40082102
+FLAG_CONTINUE = 1
+
 # Landlock (ABI versions add rights; the ruleset lists only those the kernel knows).
 LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
 LANDLOCK_RULE_PATH_BENEATH = 1
@@ -48,101 +60,6 @@ FS_FILE_ONLY = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCT
 NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
 
-# seccomp BPF.
-BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K, BPF_AND_K = 0x20, 0x15, 0x35, 0x06, 0x54
-RET_KILL_PROCESS, RET_ALLOW, RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
-X32_SYSCALL_BIT = 0x40000000
-SECCOMP_ARGS = 16  # offsetof(struct seccomp_data, args[0]); each argument is 8 bytes, low word first
-SOCK_STREAM, SOCK_TYPE_MASK = 1, 0xF
-PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
-
-EPERM, EACCES = errno.EPERM, errno.EACCES
-
-# The syscalls the filter names, per architecture.
-SYSCALLS: dict[str, dict[str, int]] = {
-    "x86_64": {
-        "socket": 41, "connect": 42, "bind": 49, "sendto": 44, "socketpair": 53,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-        "setsid": 112, "setpgid": 109, "tkill": 200, "pidfd_send_signal": 424,
-        "kill": 62, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297, "pidfd_open": 434,
-        "prlimit64": 302, "setpriority": 141, "ioprio_set": 251, "sched_setaffinity": 203,
-        "sched_setscheduler": 144, "sched_setparam": 142, "sched_setattr": 314,
-        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_getfd": 438, "kcmp": 312,
-        "perf_event_open": 298, "migrate_pages": 256, "move_pages": 279, "process_madvise": 440,
-        "process_mrelease": 448,
-    },
-    "aarch64": {
-        "socket": 198, "connect": 203, "bind": 200, "sendto": 206, "socketpair": 199,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-        "setsid": 157, "setpgid": 154, "tkill": 130, "pidfd_send_signal": 424,
-        "kill": 129, "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240, "pidfd_open": 434,
-        "prlimit64": 261, "setpriority": 140, "ioprio_set": 30, "sched_setaffinity": 122,
-        "sched_setscheduler": 119, "sched_setparam": 118, "sched_setattr": 274,
-        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438, "kcmp": 272,
-        "perf_event_open": 241, "migrate_pages": 238, "move_pages": 239, "process_madvise": 440,
-        "process_mrelease": 448,
-    },
-}  # fmt: skip
-
-# Denied outright -> errno. socket(2) is the network (every family: a Unix socket path can reach a
-# host daemon), and connect/bind have nothing legitimate to work on without it; io_uring can open
-# sockets without socket(2); setsid/setpgid would let a process leave the group that is killed;
-# tkill and pidfd_send_signal reach processes by a number this filter cannot check. The rest read,
-# write or steer another process's memory (in the fallback the code has the service's uid, and
-# every call's code shares one uid).
-DENIED: dict[str, int] = {
-    "socket": EACCES, "connect": EACCES, "bind": EACCES,
-    "io_uring_setup": EPERM, "io_uring_enter": EPERM, "io_uring_register": EPERM,
-    "setsid": EPERM, "setpgid": EPERM, "tkill": EPERM, "pidfd_send_signal": EPERM,
-    "ptrace": EPERM, "process_vm_readv": EPERM, "process_vm_writev": EPERM, "pidfd_getfd": EPERM,
-    "kcmp": EPERM, "perf_event_open": EPERM, "migrate_pages": EPERM, "move_pages": EPERM,
-    "process_madvise": EPERM, "process_mrelease": EPERM,
-}  # fmt: skip
-
-# Syscalls whose first argument is a pid (or -pgid, or -1 for all): denied for protected ones.
-SIGNALLING = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open")
-
-
-@dataclass(frozen=True)
-class Arg:
-    """One argument word that must equal `value` (after `mask`) for the call to be allowed."""
-
-    index: int
-    value: int
-    mask: int = 0xFFFFFFFF
-    high: bool = False  # the upper 32 bits of a 64-bit argument (a pointer)
-
-
-SELF = (Arg(0, 0),)
-# Allowed only in the form named, else errno: limits, priority, CPU affinity, scheduling and I/O
-# priority of the calling thread itself (pid/who 0), never of another process of the same uid (the
-# service, or another call's code); socketpair only of connected stream sockets (a datagram one can
-# be re-addressed with sendto or connect to any socket path on the host, /dev/log say); sendto
-# without a destination.
-CONDITIONAL: dict[str, tuple[int, tuple[Arg, ...]]] = {
-    "prlimit64": (EPERM, SELF),
-    "sched_setaffinity": (EPERM, SELF),
-    "sched_setscheduler": (EPERM, SELF),
-    "sched_setparam": (EPERM, SELF),
-    "sched_setattr": (EPERM, SELF),
-    "setpriority": (EPERM, (Arg(0, PRIO_PROCESS), Arg(1, 0))),
-    "ioprio_set": (EPERM, (Arg(0, IOPRIO_WHO_PROCESS), Arg(1, 0))),
-    "socketpair": (EACCES, (Arg(1, SOCK_STREAM, SOCK_TYPE_MASK),)),
-    "sendto": (EACCES, (Arg(4, 0), Arg(4, 0, high=True))),
-}
-
-
-@dataclass(frozen=True)
-class Arch:
-    audit: int
-    numbers: dict[str, int]
-
-
-ARCHES: dict[str, Arch] = {
-    "x86_64": Arch(0xC000003E, SYSCALLS["x86_64"]),
-    "aarch64": Arch(0xC00000B7, SYSCALLS["aarch64"]),
-}
-
 
 class SockFilter(ctypes.Structure):
     _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
@@ -150,6 +67,17 @@ class SockFilter(ctypes.Structure):
 
 class SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+
+class Notification(ctypes.Structure):
+    _fields_ = [
+        ("id", ctypes.c_uint64), ("pid", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+        ("nr", ctypes.c_int32), ("arch", ctypes.c_uint32), ("ip", ctypes.c_uint64), ("args", ctypes.c_uint64 * 6),
+    ]  # fmt: skip
+
+
+class Answer(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint64), ("val", ctypes.c_int64), ("error", ctypes.c_int32), ("flags", ctypes.c_uint32)]
 
 
 class RulesetAttr(ctypes.Structure):
@@ -228,88 +156,160 @@ def landlock(abi: int, read: list[str], write: list[str], devices: list[str]) ->
     os.close(ruleset)
 
 
-def seccomp_program(machine: str, protected: tuple[int, ...] = ()) -> list[tuple[int, int, int, int]]:
-    """A classic BPF program: another architecture's syscalls kill, denied ones return an errno,
-    conditional ones return theirs unless their arguments have the allowed form, and signals (or
-    pidfds) aimed at a `protected` pid or process group (the service, the keeper, -1 for every
-    process) fail with EPERM. Without Landlock's signal scoping the code runs as the service's uid
-    in the fallback mode and could otherwise kill it."""
-    if machine not in ARCHES:
-        raise OSError(errno.ENOSYS, f"no seccomp filter for {machine}")
-    arch = ARCHES[machine]
-    prog = [(BPF_LD_W_ABS, 0, 0, 4), (BPF_JEQ_K, 1, 0, arch.audit), (BPF_RET_K, 0, 0, RET_KILL_PROCESS)]
-    prog.append((BPF_LD_W_ABS, 0, 0, 0))
-    if machine == "x86_64":  # the x32 ABI reaches the same syscalls under other numbers
-        prog += [(BPF_JGE_K, 0, 1, X32_SYSCALL_BIT), (BPF_RET_K, 0, 0, RET_ERRNO | errno.ENOSYS)]
-    for name, err in DENIED.items():
-        prog += [(BPF_JEQ_K, 0, 1, arch.numbers[name]), (BPF_RET_K, 0, 0, RET_ERRNO | err)]
-    # Each block below loads an argument over the syscall number, so it ends in a return; a
-    # syscall that differs jumps past the block.
-    for name, (err, args) in CONDITIONAL.items():
-        checks: list[list[tuple[int, int, int, int]]] = []
-        for arg in args:
-            offset = SECCOMP_ARGS + 8 * arg.index + (4 if arg.high else 0)
-            check = [(BPF_LD_W_ABS, 0, 0, offset)]
-            if arg.mask != 0xFFFFFFFF:
-                check.append((BPF_AND_K, 0, 0, arg.mask))
-            checks.append(check)
-        body: list[tuple[int, int, int, int]] = []
-        for i, check in enumerate(checks):
-            # A mismatch jumps to the denial: past the later checks (each ends in a JEQ) and the allow.
-            later = sum(len(c) + 1 for c in checks[i + 1 :])
-            body += [*check, (BPF_JEQ_K, 0, later + 1, args[i].value)]
-        body += [(BPF_RET_K, 0, 0, RET_ALLOW), (BPF_RET_K, 0, 0, RET_ERRNO | err)]
-        prog += [(BPF_JEQ_K, 0, len(body), arch.numbers[name]), *body]
-    targets = sorted({pid & 0xFFFFFFFF for pid in protected})
-    for name in SIGNALLING:
-        prog.append((BPF_JEQ_K, 0, 2 + 2 * len(targets), arch.numbers[name]))
-        prog.append((BPF_LD_W_ABS, 0, 0, SECCOMP_ARGS))
-        for target in targets:
-            prog += [(BPF_JEQ_K, 0, 1, target), (BPF_RET_K, 0, 0, RET_ERRNO | errno.EPERM)]
-        prog.append((BPF_RET_K, 0, 0, RET_ALLOW))
-    prog.append((BPF_RET_K, 0, 0, RET_ALLOW))
-    return prog
-
-
-def protected_pids() -> tuple[int, ...]:
-    """What the code must not signal: this keeper and its group, the process that started it (the
-    service, in the fallback mode) and its group, and every process at once (-1)."""
-    pids = {os.getpid(), -os.getpid(), -1}
-    parent = os.getppid()
-    if parent > 1:
-        pids.add(parent)
-        with contextlib.suppress(OSError):
-            pids.add(-os.getpgid(parent))
-    return tuple(sorted(pids))
-
-
-def install_seccomp(protected: tuple[int, ...]) -> None:
-    prog = seccomp_program(os.uname().machine, protected)
-    filters = (SockFilter * len(prog))(*[SockFilter(*ins) for ins in prog])
-    fprog = SockFprog(len(prog), filters)
+def install_seccomp(seccomp: dict[str, Any], group: int) -> int:
+    """Install the filter, with the code's process group filled in. Returns the listener of its
+    user notifications, for the keeper; -1 where there are none (a kernel before 5.0, or a seccomp
+    profile that refuses them), and then the filter installed refuses what the keeper would judge."""
+    if seccomp["program"] is not None:
+        fprog = _fprog(seccomp["program"], group)
+        flags = ctypes.c_ulong(SECCOMP_FILTER_FLAG_NEW_LISTENER)
+        nr, mode = seccomp["syscalls"]["seccomp"], ctypes.c_ulong(SECCOMP_SET_MODE_FILTER)
+        listener = int(_libc.syscall(nr, mode, flags, ctypes.byref(fprog)))
+        if listener >= 0:
+            return listener
+    fprog = _fprog(seccomp["without_keeper"], group)
     mode = ctypes.c_ulong(SECCOMP_MODE_FILTER)
     _check(_libc.prctl(PR_SET_SECCOMP, mode, ctypes.byref(fprog), ctypes.c_ulong(0), ctypes.c_ulong(0)), "seccomp")
+    return -1
 
 
-def harden(config: dict[str, Any], protected: tuple[int, ...]) -> None:
+def _fprog(program: list[list[Any]], group: int) -> SockFprog:
+    values = {"group": group & 0xFFFFFFFF, "-group": -group & 0xFFFFFFFF}
+    ins = [SockFilter(code, jt, jf, values[k] if isinstance(k, str) else k) for code, jt, jf, k in program]
+    return SockFprog(len(ins), (SockFilter * len(ins))(*ins))
+
+
+def harden(config: dict[str, Any], group: int) -> int:
+    """Everything but the exec, in order; the listener of the filter's notifications (or -1)."""
     set_limits(config["rlimits"])
     _check(_prctl(PR_SET_NO_NEW_PRIVS, 1), "no_new_privs")
     drop_capabilities()
     if config["landlock"]:
         ll = config["landlock"]
         landlock(ll["abi"], ll["read"], ll["write"], ll["devices"])
-    install_seccomp(protected)
+    return install_seccomp(config["seccomp"], group)
+
+
+class Signals:
+    """The keeper's side of the filter: the signals the code sends to a pid the filter could not
+    judge (seccomp.py). `kill` reaches a process only if it is in the code's group: the keeper
+    opens a pidfd for it, then checks its group, then signals through that pidfd, so a pid
+    reused meanwhile is never reached (the pidfd's process is gone: ESRCH). `tgkill` and the
+    sigqueues only to the caller's own process, which cannot end while it waits for the answer."""
+
+    def __init__(self, listener: int, group: int, syscalls: dict[str, int]) -> None:
+        self.listener = listener
+        self.group = group
+        self.nr = syscalls
+        self.names = {syscalls[name]: name for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")}
+
+    def serve(self) -> None:
+        note = Notification()
+        while True:
+            ctypes.memset(ctypes.byref(note), 0, ctypes.sizeof(note))
+            if _libc.ioctl(self.listener, ctypes.c_ulong(NOTIF_RECV), ctypes.byref(note)) < 0:
+                if ctypes.get_errno() in (errno.EINTR, errno.ENOENT):  # ENOENT: its caller died first
+                    continue
+                return
+            error, flags = self.judge(note)
+            if self._answer(note.id, error, flags) < 0 and flags:
+                self._answer(note.id, errno.EPERM, 0)  # no FLAG_CONTINUE before kernel 5.5
+
+    def judge(self, note: Notification) -> tuple[int, int]:
+        """(errno, flags) of the answer: 0 and FLAG_CONTINUE run the syscall as asked."""
+        name = self.names.get(note.nr)
+        caller = _tgid(note.pid)
+        if name is None or caller is None or not self._waiting(note.id):
+            return errno.EPERM, 0
+        target, args = _int32(note.args[0]), [_int32(a) for a in note.args[1:3]]
+        if name == "kill":
+            return self._kill_member(target, args[0]), 0
+        if target != caller:
+            return errno.EPERM, 0
+        if name == "tgkill":
+            return _errno(_libc.syscall(self.nr["tgkill"], target, args[0], args[1])), 0
+        return 0, FLAG_CONTINUE  # a sigqueue to itself: its siginfo is the caller's to give
+
+    def _kill_member(self, pid: int, sig: int) -> int:
+        tgid = _tgid(pid)  # kill() of a thread's id signals its process
+        if tgid is None:
+            return errno.ESRCH
+        pidfd = int(_libc.syscall(self.nr["pidfd_open"], tgid, 0))
+        if pidfd < 0:
+            return errno.ESRCH if ctypes.get_errno() == errno.ESRCH else errno.EPERM  # ENOSYS: before 5.3
+        try:
+            if _pgrp(tgid) != self.group:
+                return errno.EPERM
+            return _errno(_libc.syscall(self.nr["pidfd_send_signal"], pidfd, sig, None, 0))
+        finally:
+            os.close(pidfd)
+
+    def _waiting(self, note_id: int) -> bool:
+        """Whether the caller still waits: then the pid read from its notification was its own."""
+        note = ctypes.c_uint64(note_id)
+        return int(_libc.ioctl(self.listener, ctypes.c_ulong(NOTIF_ID_VALID), ctypes.byref(note))) == 0
+
+    def _answer(self, note_id: int, error: int, flags: int) -> int:
+        answer = Answer(note_id, 0, -error, flags)
+        return int(_libc.ioctl(self.listener, ctypes.c_ulong(NOTIF_SEND), ctypes.byref(answer)))
+
+
+def _int32(word: int) -> int:
+    """A pid_t or int argument: the low 32 bits, signed."""
+    word &= 0xFFFFFFFF
+    return word - (1 << 32) if word & 0x80000000 else word
+
+
+def _errno(result: int) -> int:
+    return ctypes.get_errno() if result < 0 else 0
+
+
+def _tgid(pid: int) -> int | None:
+    """The process (thread group) of a process or thread id, None if there is none."""
+    if pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _pgrp(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[2])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _send_fd(sock: socket.socket, fd: int) -> None:
+    sock.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))])
+
+
+def _receive_fd(sock: socket.socket) -> int:
+    """The descriptor the other end sends, -1 if it closes without one."""
+    _, ancillary, _, _ = sock.recvmsg(1, socket.CMSG_SPACE(struct.calcsize("i")))
+    for level, kind, data in ancillary:
+        if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS):
+            return int(struct.unpack("i", data[: struct.calcsize("i")])[0])
+    return -1
 
 
 def run(config: dict[str, Any]) -> dict[str, Any]:
     """Fork the code into a process group of its own, harden it there and exec its interpreter
-    with an empty environment. Kill that whole group when the code's main process ends or on
-    SIGTERM (the service's timeout), and reap every process before reporting: as a subreaper (or
-    pid 1 of a pid namespace) this process inherits the orphans, so nothing outlives the call."""
+    with an empty environment. Judge the signals it sends beyond its group (a thread of this
+    process), kill that whole group when the code's main process ends or on SIGTERM (the service's
+    timeout), and reap every process before reporting: as a subreaper (or pid 1 of a pid namespace)
+    this process inherits the orphans, so nothing outlives the call."""
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     _prctl(PR_SET_DUMPABLE, 0)
     setup_r, setup_w = os.pipe()  # close-on-exec: end-of-file once the code's interpreter runs
-    protected = protected_pids()
+    # The code's side hands over the filter's listener, before its exec.
+    keeper_end, code_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     # The stop request (SIGTERM) is handled from before the fork on: as pid 1 of a pid namespace
     # this process would otherwise ignore it, and outside one die of it and orphan the code.
     code = {"pid": 0, "stop": False}
@@ -325,19 +325,30 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.close(setup_r)
+            keeper_end.close()
             os.setpgid(0, 0)
-            harden(config, protected)
+            listener = harden(config, os.getpid())
+            if listener >= 0:
+                _send_fd(code_end, listener)
+                os.close(listener)  # the code must never answer its own notifications
+            code_end.close()
             os.execve(config["python"], [config["python"], "-I", config["main"]], {})
         except OSError as err:
             os.write(setup_w, str(err).encode())
         finally:
             os._exit(127)
     os.close(setup_w)
+    code_end.close()
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)  # also here, so that the group exists before a SIGTERM can ask for its end
     code["pid"] = pid
     if code["stop"]:
         _kill_group(pid)
+    listener = _receive_fd(keeper_end)
+    keeper_end.close()
+    if listener >= 0:
+        signals = Signals(listener, pid, config["seccomp"]["syscalls"])
+        threading.Thread(target=signals.serve, name="signals", daemon=True).start()
     setup_error = os.read(setup_r, 4096).decode(errors="replace")
     status = None
     while True:
@@ -363,6 +374,8 @@ def main(raw: str) -> None:
     status_fd = int(config["status_fd"])
     os.set_inheritable(status_fd, False)
     os.write(status_fd, json.dumps(run(config)).encode())
+    # Now, not after the interpreter's shutdown: the signals thread waits in an ioctl for good.
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """What isolation this machine allows, and the command line of one run.
 
-Always, in the child (child.py): resource limits, no capabilities, a seccomp filter that denies
-sockets (and Unix sockets addressed by path), io_uring, setsid and setpgid, and acting on any
-process but the code's own, and an empty environment. Where the kernel has it,
+Always, in the child (child.py): resource limits, no capabilities, the seccomp filter of
+seccomp.py (no sockets, no Unix sockets addressed by path, no io_uring, no leaving the process
+group, no acting on or signalling any process outside the code's own group), and an empty
+environment. Where the kernel has it,
 Landlock confines reads to the interpreter, system libraries and the call's directory, and writes
 to that directory. Where `unshare` works (unprivileged user namespaces), the child also gets its
 own user, network, pid, mount, IPC and UTS namespaces: no network interface at all, no view of the
@@ -18,6 +19,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from antwort_grpc.tool_services.sandbox import seccomp
 
 CHILD_SOURCE = Path(__file__).with_name("child.py").read_text()
 
@@ -51,8 +54,10 @@ SYSTEM_READ_PATHS = (
     "/etc/nsswitch.conf",
     "/etc/mime.types",
     "/sys/devices/system/cpu",
+    # Readable only: a writable shared mapping of it is shared memory the memory watcher cannot see.
+    "/dev/zero",
 )
-DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+DEVICES = ("/dev/null", "/dev/full", "/dev/random", "/dev/urandom")
 
 PR_SET_DUMPABLE = 4
 # Asked of the interpreter: where its standard library and packages live (symlinks resolved too).
@@ -75,6 +80,9 @@ class Isolation:
     run_as: int | None
     read_paths: tuple[str, ...]
     setpriv: str | None = None
+    # Signals beyond the code's group judged by its keeper (seccomp user notification); off only
+    # to test what a kernel without it gets.
+    keeper_signals: bool = True
 
     @property
     def network(self) -> str:
@@ -93,9 +101,17 @@ class Isolation:
         return self.run_as if self.run_as is not None else os.geteuid()
 
     def command(
-        self, rlimits: list[tuple[str, int, int]], root: str, work: str, main: str, status_fd: int
+        self,
+        rlimits: list[tuple[str, int, int]],
+        root: str,
+        work: str,
+        main: str,
+        status_fd: int,
+        *,
+        count_all_memory: bool = False,
     ) -> list[str]:
-        """The child's argv; `status_fd` is the inherited pipe it reports the exit status on."""
+        """The child's argv; `status_fd` is the inherited pipe it reports the exit status on.
+        `count_all_memory`: the call's budget (a cgroup) also sees memory held by descriptors."""
         landlock: dict[str, Any] | None = None
         if self.landlock_abi:
             read = [*self.read_paths, root, *(["/proc"] if self.unshare else [])]
@@ -106,6 +122,9 @@ class Isolation:
             "status_fd": status_fd,
             "rlimits": [list(r) for r in rlimits],
             "landlock": landlock,
+            "seccomp": seccomp.child_config(
+                os.uname().machine, count_all_memory=count_all_memory, notify=self.keeper_signals
+            ),
         }
         argv = [self.python, "-I", "-S", "-c", CHILD_SOURCE, json.dumps(config)]
         if self.unshare:
@@ -119,14 +138,30 @@ class Isolation:
         return argv
 
 
+# Tests only: pretend the kernel's Landlock is no newer than this ABI, and that it has no seccomp
+# user notification, to run on this machine what an older kernel gives.
+TEST_ONLY_LANDLOCK_ABI_CAP = "ANTWORT_TEST_ONLY_LANDLOCK_ABI_CAP"
+TEST_ONLY_NO_SECCOMP_NOTIFY = "ANTWORT_TEST_ONLY_NO_SECCOMP_NOTIFY"
+
+
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version, 0 without Landlock."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        version = int(libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+        version = max(int(libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))), 0)
     except (OSError, AttributeError):
         return 0
-    return max(version, 0)
+    cap = os.environ.get(TEST_ONLY_LANDLOCK_ABI_CAP)
+    return min(version, int(cap)) if cap else version
+
+
+def keeper_signals() -> bool:
+    """Whether the filter hands signals to other pids to the keeper (where the kernel can)."""
+    return not os.environ.get(TEST_ONLY_NO_SECCOMP_NOTIFY)
+
+
+def test_only_switches() -> list[str]:
+    return [name for name in (TEST_ONLY_LANDLOCK_ABI_CAP, TEST_ONLY_NO_SECCOMP_NOTIFY) if os.environ.get(name)]
 
 
 def make_undumpable() -> None:

@@ -32,7 +32,10 @@ class ProducedFile:
     omitted: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {"path": self.path, "size": self.size}
+        # A name that is not UTF-8 comes from os.scandir with its bytes as lone surrogates, which
+        # the result (a protobuf string) cannot carry: they become U+FFFD.
+        path = self.path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        entry: dict[str, Any] = {"path": path, "size": self.size}
         if self.content is None:
             entry["omitted"] = self.omitted
             return entry

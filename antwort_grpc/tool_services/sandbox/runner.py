@@ -19,7 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from antwort_grpc.executors.base import ProgressSink
 from antwort_grpc.tool_services.sandbox.budget import watch_memory
@@ -27,6 +27,7 @@ from antwort_grpc.tool_services.sandbox.cgroup import CallCgroups
 from antwort_grpc.tool_services.sandbox.isolation import Isolation
 from antwort_grpc.tool_services.sandbox.limits import Captured, Limits, read_capped
 from antwort_grpc.tool_services.sandbox.output import Outcome, ProducedFile, collect_files, exit_status
+from antwort_grpc.tool_services.sandbox.session import end_session
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 # long it gets after it was asked to stop the code, and how long its pipes then get to close.
 STOP_GRACE_SECONDS = 5.0
 DRAIN_SECONDS = 5.0
+# The keeper's report is one short JSON object.
+MAX_REPORT_BYTES = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,14 +91,24 @@ class Runner:
         the service's pid 1 as an orphan instead."""
         _signal_group(pid, signal.SIGTERM)
 
-    async def _ended(self, proc: asyncio.subprocess.Process) -> None:
-        """Wait for the child to exit (it reaps the code's processes first); kill what does not."""
+    async def _ended(self, proc: asyncio.subprocess.Process, report: asyncio.Task[dict[str, Any]]) -> None:
+        """Wait for the keeper's end (its report; or the end of its pipe, if it died), kill the child
+        if it does not come; then kill whatever is left of the call's session (orphans of a keeper
+        that died), so that nothing of the call outlives it, and reap the child."""
         try:
-            await asyncio.wait_for(proc.wait(), STOP_GRACE_SECONDS)
+            await asyncio.wait_for(asyncio.shield(report), STOP_GRACE_SECONDS)
         except TimeoutError:
             log.warning("sandbox child %d did not end in %gs: killing its group", proc.pid, STOP_GRACE_SECONDS)
             _kill_group(proc.pid)
-            await proc.wait()
+        killed = await asyncio.to_thread(end_session, proc.pid)
+        if killed:
+            log.warning("killed %d process(es) the sandbox child %d left behind", killed, proc.pid)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(report), DRAIN_SECONDS)
+        try:
+            await asyncio.wait_for(proc.wait(), DRAIN_SECONDS)
+        except TimeoutError:
+            log.warning("sandbox child %d: its output pipes stayed open", proc.pid)
 
     def _make_workdir(self, code: str) -> _Workdir:
         root = tempfile.mkdtemp(prefix="antwort-sandbox-", dir=self.workdir_root)
@@ -130,7 +143,10 @@ class Runner:
         self, workdir: _Workdir, progress: ProgressSink, cgroup: tuple[CallCgroups, Path] | None
     ) -> Outcome:
         status_r, status_w = os.pipe()
-        argv = self.isolation.command(self.limits.rlimits(), workdir.root, workdir.work, workdir.main, status_w)
+        argv = self.isolation.command(
+            self.limits.rlimits(), workdir.root, workdir.work, workdir.main, status_w,
+            count_all_memory=cgroup is not None,
+        )  # fmt: skip
         gate_r, gate_w = os.pipe() if cgroup is not None else (-1, -1)
         if cgroup is not None:
             # The child waits at this gate (its stdin) until it is in the call's cgroup, so nothing
@@ -185,22 +201,29 @@ class Runner:
             asyncio.create_task(read_capped(proc.stdout, self.limits.output_bytes, lambda: stop("output"))),
             asyncio.create_task(read_capped(proc.stderr, self.limits.output_bytes, lambda: stop("output"))),
         )
+        # The end of the call is the end of the status pipe, which only the keeper (and unshare)
+        # hold: it comes with the keeper's report, or with its death. Not the child's exit as
+        # proc.wait() sees it: that also waits for stdout and stderr, which orphans would hold.
+        reporting = asyncio.create_task(_read_report(os.fdopen(status_r, "rb", 0)))
+        ended = False
         try:
             try:
-                await asyncio.wait_for(proc.wait(), self.limits.timeout_seconds)
+                await asyncio.wait_for(asyncio.shield(reporting), self.limits.timeout_seconds)
             except TimeoutError:
                 stop("timeout")
-            await self._ended(proc)
+            await self._ended(proc, reporting)
+            ended = True
             done, _ = await asyncio.wait(readers, timeout=DRAIN_SECONDS)
             stdout, stderr = (r.result() if r in done else Captured(b"", True) for r in readers)
         finally:
             watcher.cancel()
             for reader in readers:
                 reader.cancel()
-            if proc.returncode is None:  # cancelled: the caller went away
+            if not ended:  # cancelled: the caller went away
                 self._end_code(proc.pid)
-                await self._ended(proc)
-            report = _read_status(status_r)
+                await self._ended(proc, reporting)
+            reporting.cancel()
+        report = reporting.result() if reporting.done() and not reporting.cancelled() else {}
         outcome = Outcome(None, stdout, stderr, time.monotonic() - started, limit=limit)
         if "setup_error" in report:
             outcome.setup_error = str(report["setup_error"])
@@ -225,16 +248,17 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def _read_status(fd: int) -> dict[str, Any]:
-    """The child's one JSON report; every writer is gone by now, so this never waits."""
+async def _read_report(pipe: BinaryIO) -> dict[str, Any]:
+    """The keeper's one JSON report, read until every writer of the pipe is gone; {} if none."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
     try:
-        os.set_blocking(fd, False)
         data = b""
-        with contextlib.suppress(BlockingIOError):
-            while chunk := os.read(fd, 65536):
-                data += chunk
+        while chunk := await reader.read(MAX_REPORT_BYTES):
+            data = (data + chunk)[:MAX_REPORT_BYTES]
     finally:
-        os.close(fd)
+        transport.close()
     try:
         report = json.loads(data) if data else {}
     except ValueError:

@@ -19,8 +19,10 @@ from antwort_grpc.tool_services.sandbox.isolation import (
     SYSTEM_READ_PATHS,
     Isolation,
     interpreter_prefixes,
+    keeper_signals,
     landlock_abi,
     make_undumpable,
+    test_only_switches,
 )
 from antwort_grpc.tool_services.sandbox.limits import Limits
 from antwort_grpc.tool_services.sandbox.runner import FilePolicy, Runner
@@ -42,6 +44,8 @@ PARAMETERS = {
     "additionalProperties": False,
 }
 # Run at start: the service refuses to serve if the sandbox cannot run code or leaks the network.
+# It also finds out whether the code can signal its own children (through the keeper): not on a
+# kernel without seccomp user notification, where only its own process group can be signalled.
 SELF_TEST = """
 import os, socket
 try:
@@ -52,15 +56,31 @@ else:
     raise SystemExit("socket creation is not denied")
 if os.environ.keys() - {"LC_CTYPE"}:
     raise SystemExit("the environment is not empty")
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(w)
+    os.read(r, 1)
+    os._exit(0)
+try:
+    os.kill(child, 0)
+    print("signals:", "its own processes, by pid or group (the keeper checks each pid)")
+except PermissionError:
+    print("signals:", "its own process group only (no seccomp user notification or pidfd here)")
+os.close(w)
+os.waitpid(child, 0)
 print("ok")
 """
 
 
 # How one call's processes share one memory budget; said in the startup log line.
 CGROUP_BUDGET = "cgroup v2 (memory.max and pids.max of a cgroup per call)"
-WATCHER_BUDGET = "watcher (resident memory of the call's processes, summed every 0.1 s)"
+WATCHER_BUDGET = (
+    "watcher (resident and swapped-out memory of the call's processes, summed every 0.1 s; "
+    "memfds and shared anonymous memory refused)"
+)
 # What the child (child.py) imports, asked of a candidate interpreter.
-_NEEDS = "import ctypes, json, resource, signal"
+_NEEDS = "import ctypes, json, resource, signal, socket, struct, threading"
 # Interpreters any uid can usually run, tried when the service's own one is out of the code's reach.
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 
@@ -117,6 +137,7 @@ class SandboxService(ExecutorService):
             )
         code = _code(call.arguments, self.settings.max_code_bytes)
         if isinstance(code, pb.FunctionCallOutput):
+            log.info("%s call %s refused: %s", TOOL_NAME, call.call_id, code.output)
             return code
         self._running += 1
         try:
@@ -138,7 +159,9 @@ async def prepare_runner(s: SandboxSettings, limits: Limits) -> Runner:
         python = await _interpreter_for(run_as, setpriv, s.python, chosen="python" in s.model_fields_set)
     prefixes = await interpreter_prefixes(python)
     read_paths = tuple(dict.fromkeys([*SYSTEM_READ_PATHS, *prefixes, *s.read_paths]))
-    fallback = Isolation(python, None, landlock_abi(), run_as, read_paths, setpriv)
+    for switch in test_only_switches():
+        log.warning("test-only switch %s is set: the sandbox pretends to run on an older kernel", switch)
+    fallback = Isolation(python, None, landlock_abi(), run_as, read_paths, setpriv, keeper_signals())
     if not fallback.landlock_abi:
         log.warning("no Landlock in this kernel: the code can read and write whatever its uid can")
     unshare = shutil.which("unshare") if s.namespaces != "off" else None
@@ -153,15 +176,16 @@ async def prepare_runner(s: SandboxSettings, limits: Limits) -> Runner:
     for isolation in candidates:
         files = FilePolicy(s.max_files, s.max_files_bytes)
         runner = Runner(isolation, limits, files, s.workdir_root, cgroups)
-        problem = await _self_test(runner)
+        problem, signals = await _self_test(runner)
         if problem is not None and cgroups is not None:
             log.warning("per-call cgroups failed the self-test (%s): the memory watcher holds the budget", problem)
             delegated, cgroups = f"per-call cgroups failed the self-test: {problem}", None
             runner = Runner(isolation, limits, files, s.workdir_root)
-            problem = await _self_test(runner)
+            problem, signals = await _self_test(runner)
         if problem is None:
             budget = CGROUP_BUDGET if cgroups is not None else f"{WATCHER_BUDGET} (no cgroup: {delegated})"
-            log.info("sandbox isolation: %s; memory per call: %s", isolation.describe(), budget)
+            described = f"{isolation.describe()}; signals: {signals}"
+            log.info("sandbox isolation: %s; memory per call: %s", described, budget)
             if failures:
                 log.warning("sandbox fell back to %s: %s", isolation.network, failures[0])
             return runner
@@ -227,17 +251,24 @@ def _code(arguments: str, max_bytes: int) -> str | pb.FunctionCallOutput:
     code = args.get("code") if isinstance(args, dict) else None
     if not isinstance(code, str) or not code.strip():
         return text_result('arguments must be a JSON object with a non-empty string "code"', is_error=True)
-    if len(code.encode()) > max_bytes:
+    try:
+        size = len(code.encode())
+    except UnicodeEncodeError as err:  # a lone UTF-16 surrogate ("\ud800" in the JSON): no UTF-8 for it
+        where = f"\\u{ord(code[err.start]):04x} at character {err.start}"
+        return text_result(f'"code" is not valid Unicode text: it holds a lone surrogate ({where})', is_error=True)
+    if size > max_bytes:
         return text_result(f"the code is longer than {max_bytes} bytes", is_error=True)
     return code
 
 
-async def _self_test(runner: Runner) -> str | None:
+async def _self_test(runner: Runner) -> tuple[str | None, str]:
+    """(what is wrong, or None; what the code may signal)."""
     try:
         outcome = await runner.run(SELF_TEST, lambda _: None)
     except OSError as err:
-        return str(err)
-    if outcome.stdout.text() == "ok\n" and not outcome.is_error:
-        return None
+        return str(err), ""
+    lines = outcome.stdout.text().splitlines()
+    if lines[-1:] == ["ok"] and lines[0].startswith("signals: ") and not outcome.is_error:
+        return None, lines[0].removeprefix("signals: ")
     error = outcome.error(runner.limits.timeout_seconds) or "unexpected output"
-    return f"{error}: {outcome.stderr.text().strip()[-300:] or outcome.stdout.text()[-300:] or 'no output'}"
+    return f"{error}: {outcome.stderr.text().strip()[-300:] or outcome.stdout.text()[-300:] or 'no output'}", ""
