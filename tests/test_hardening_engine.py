@@ -30,6 +30,11 @@ def run_code_request(*items: pb.Item, previous: str = "") -> pb.CreateResponseRe
     return request
 
 
+def message(text: str) -> pb.Item:
+    part = pb.ContentPart(input_text=pb.InputText(text=text))
+    return pb.Item(message=pb.Message(role=pb.Role.ROLE_USER, content=[part]))
+
+
 def client_call(call_id: str, code: str) -> pb.Item:
     return pb.Item(function_call=pb.FunctionCall(call_id=call_id, name="run_code", arguments=f'{{"code": "{code}"}}'))
 
@@ -46,7 +51,7 @@ async def test_a_reused_call_id_never_runs_the_clients_code_on_a_server_executor
     provider = ScriptedProvider([[Call.of("run_code", {"code": "print(1)"}, call_id="c1")], [Text("Denied.")]])
     sandbox = MockExecutor({"run_code": echo})
     async with running_gateway(provider=provider, executors=[sandbox]) as gw:
-        asked = await gw.create(run_code_request(pb.Item(message=user("run it").input_items.items[0].message)))
+        asked = await gw.create(run_code_request(message("run it")))
         assert asked.status == S.RESPONSE_STATUS_REQUIRES_ACTION
         denied = await gw.create(run_code_request(decision("c1", False), previous=asked.id))
         assert denied.status == S.RESPONSE_STATUS_COMPLETED
@@ -76,17 +81,19 @@ async def test_a_second_output_for_an_answered_call_is_invalid_argument() -> Non
 
 
 async def test_a_server_call_a_continuation_runs_passes_the_approval_hooks_again() -> None:
-    """The server call of a mixed turn runs when the client answers its own call — and an
-    approve-tool hook that denies it is asked then, like for any call."""
+    """The server call of a mixed turn runs when the client answers its own call — and the
+    approve-tool hooks are asked about it then, like for any call that is about to run (here the
+    policy changed while the response waited for the client)."""
     provider = ScriptedProvider(
         [
             [Call.of("get_weather", {"city": "Paris"}, call_id="client"), Call.of("rm", {"q": "/"}, call_id="srv")],
             [Text("Done.")],
         ]
     )
+    executor = MockExecutor({"rm": echo})
     async with (
-        hook_server(HookServicer(DeniesRm())) as target,
-        gateway_with(target, provider) as gw,
+        hook_server(HookServicer(DeniesRmTheSecondTime())) as target,
+        running_gateway(provider=provider, executors=[executor], hooks=[target]) as gw,
     ):
         request = user("Weather, then clean up")
         request.tools.extend([function_tool("get_weather", city="string"), function_tool("rm", q="string")])
@@ -101,21 +108,28 @@ async def test_a_server_call_a_continuation_runs_passes_the_approval_hooks_again
         if i.HasField("function_call_output")
     }
     assert outputs["srv"].is_error and "not on this host" in outputs["srv"].output
+    assert executor.calls == [], "the denied call never ran"
 
 
-class DeniesRm(PolicyHook):
+class DeniesRmTheSecondTime(PolicyHook):
     name = "denies-rm"
 
+    def __init__(self) -> None:
+        self.asked = 0
+
     async def approve_tool(self, request: pb.ApproveToolRequest) -> pb.ApproveToolResponse:
-        if request.call.name == "rm":
-            return pb.ApproveToolResponse(decision=pb.ApproveToolResponse.DECISION_DENY, reason="not on this host")
-        return pb.ApproveToolResponse()
+        if request.call.name != "rm":
+            return pb.ApproveToolResponse()
+        self.asked += 1
+        if self.asked == 1:
+            return pb.ApproveToolResponse()  # no objection yet
+        return pb.ApproveToolResponse(decision=pb.ApproveToolResponse.DECISION_DENY, reason="not on this host")
 
 
 async def test_follow_ups_beyond_the_cap_are_refused_and_the_run_still_ends() -> None:
     tool = GatedTool()  # holds the run in its tool call while the follow-ups arrive
     provider = ScriptedProvider([[Call.of("slow", {}, call_id="s")], [Text("First answer.")]] + [[Text("More.")]] * 16)
-    async with running_gateway(provider=provider, executors=[tool]) as gw:
+    async with running_gateway(provider=provider, executors=[tool], max_turns=30) as gw:
         session = Session(gw)
         request = user("Start")
         request.tools.append(function_tool("slow"))

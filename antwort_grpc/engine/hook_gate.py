@@ -80,10 +80,14 @@ class HookGate:
         """Whether hooks are asked before a model call (a pause check or before-model hooks)."""
         return self.pauses or self.hooks.wants(P.HOOK_POINT_BEFORE_MODEL)
 
-    def events(self, emitter: ResponseEmitter) -> list[pb.StreamEvent]:
+    def events(self, emitter: ResponseEmitter, *, ending: bool = False) -> list[pb.StreamEvent]:
         """`hook_failed` events for the fail-open failures since the last call; HookFailed when a
-        fail-closed hook could not see an observation sent on its own."""
-        self.run.raise_closed()
+        fail-closed hook could not see an observation sent on its own (`ending`: the response has
+        its end already, and a fail-closed failure there is in it — nothing is raised)."""
+        if ending:
+            self.run.closed = None
+        else:
+            self.run.raise_closed()
         if not self.run.failures:
             return []
         return [emitter.hook_failed(_event(f)) for f in self.run.take_failures()]

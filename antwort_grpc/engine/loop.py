@@ -266,7 +266,7 @@ class Engine:
             run.finish(outcome)
             self._write_record(run)
             if run.hooks is not None:
-                for event in run.hooks.events(emitter):
+                for event in run.hooks.events(emitter, ending=True):
                     yield event
             await asyncio.shield(self._save(run))
             finished = True
@@ -312,7 +312,11 @@ class Engine:
             ending.CopyFrom(run.response)
             response_status.end(ending, outcome)
             self._write_record(run, ending)
-        failed = await run.hooks.after_response(ending)
+        try:
+            failed = await run.hooks.after_response(ending)
+        except Exception as err:  # whatever happens here, the response still ends and is stored
+            log.exception("response %s: the audit hooks failed", run.response_id)
+            return Failed("internal_error", f"{type(err).__name__}: {err}")
         return outcome if failed is None else failed
 
     def _write_record(self, run: Run, response: pb.Response | None = None) -> None:
