@@ -17,6 +17,8 @@ from antwort_grpc import pb
 from antwort_grpc.engine import turn_rules
 from antwort_grpc.engine.budget import output_budget
 from antwort_grpc.engine.channel import RING, Channel
+from antwort_grpc.engine.emitter import ResponseEmitter
+from antwort_grpc.engine.inbox import Inbox
 from antwort_grpc.engine.model_task import ModelCall
 from antwort_grpc.engine.run import Run, Stopped
 from antwort_grpc.providers.base import (
@@ -189,14 +191,11 @@ async def stream_turn(
     first = True
     try:
         while True:
-            if inbox.attention:
-                if inbox.stop_reason:
-                    raise Stopped
-                if inbox.steer:
-                    for event in emitter.close_turn(ITEM_INCOMPLETE):
-                        yield event
-                    yield None
-                    return
+            if inbox.attention and _steered(inbox):
+                for event in emitter.close_turn(ITEM_INCOMPLETE):
+                    yield event
+                yield None
+                return
             if len(channel) > 1 and merge and not first:
                 _merge_waiting(channel)
             delta = channel.get_nowait() if len(channel) else await channel.get()
@@ -205,9 +204,7 @@ async def stream_turn(
             if kind is TextDelta:
                 events = emitter.on_text(delta.text)
             elif kind is TurnEnd:
-                _add_usage(emitter.response, delta.usage)
-                status = ITEM_INCOMPLETE if delta.finish is FinishReason.LENGTH else ITEM_COMPLETED
-                for event in emitter.close_turn(status):
+                for event in _closed(emitter, delta):
                     yield event
                 yield delta.finish
                 return
@@ -220,6 +217,19 @@ async def stream_turn(
     finally:
         inbox.listen(None)
         await call.discard()
+
+
+def _steered(inbox: Inbox) -> bool:
+    """What a control that came during the stream asks: a stop ends the run, a steering message
+    the turn."""
+    if inbox.stop_reason:
+        raise Stopped
+    return bool(inbox.steer)
+
+
+def _closed(emitter: ResponseEmitter, end: TurnEnd) -> list[pb.StreamEvent]:
+    _add_usage(emitter.response, end.usage)
+    return emitter.close_turn(ITEM_INCOMPLETE if end.finish is FinishReason.LENGTH else ITEM_COMPLETED)
 
 
 def _merge_waiting(channel: Channel) -> None:

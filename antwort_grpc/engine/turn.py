@@ -76,24 +76,16 @@ class Turn(Step[TurnOutcome]):
         if needs_checkpoint(run):
             async for event in checkpoint(run):
                 yield event
-        if (reason := limit_reached(run.limits, run.turn, run.response.usage.output_tokens)) is not None:
-            self.end(Incomplete(reason))
+        if not self._begin():
             return
-        self.number = run.next_turn()
-        self.began = asyncio.get_running_loop().time()
-        self.call = run.take_early()
         if self.call is None:
-            if run.hooks is not None and run.hooks.asked_before_model:
-                async for event in self._ask_hooks_then_call():
-                    yield event
-            else:
-                self.call = call_model(run, self.settings.provider, turn_request(run, self.number))
+            async for event in self._ask_hooks_then_call():
+                yield event
         yield run.emitter.turn_started(self.number, run.round)
         run.emitter.start_turn()
         assert self.call is not None
         if self.call.streaming:
-            merge = self.settings.coalescing and not run.request.delta_coalescing.disabled
-            async for step in stream_turn(run, self.call, merge):
+            async for step in stream_turn(run, self.call, self._merge()):
                 if type(step) is pb.StreamEvent:
                     yield step
                 else:
@@ -101,14 +93,30 @@ class Turn(Step[TurnOutcome]):
         else:
             for event in await self._complete():
                 yield event
-        for event in self._model_ended():
-            yield event
+        ended = self._model_ended()
         decided, screened = self._decide()
-        for event in decided:
+        for event in ended + decided:
             yield event
         if screened is not None:
             async for event in self._tools(screened):
                 yield event
+
+    def _begin(self) -> bool:
+        """The turn starts unless a limit ends the response first; its model call starts here
+        unless hooks are asked before it (or one started early)."""
+        run = self.run
+        if (reason := limit_reached(run.limits, run.turn, run.response.usage.output_tokens)) is not None:
+            self.end(Incomplete(reason))
+            return False
+        self.number = run.next_turn()
+        self.began = asyncio.get_running_loop().time()
+        self.call = run.take_early()
+        if self.call is None and (run.hooks is None or not run.hooks.asked_before_model):
+            self.call = call_model(run, self.settings.provider, turn_request(run, self.number))
+        return True
+
+    def _merge(self) -> bool:
+        return self.settings.coalescing and not self.run.request.delta_coalescing.disabled
 
     def completed(self) -> pb.StreamEvent:
         return self.run.emitter.turn_completed(self.number, asyncio.get_running_loop().time() - self.began)
