@@ -86,6 +86,18 @@ class GatewaySettings(BaseSettings):
     hook_failure: Literal["open", "closed"] = "closed"
     # Seconds a tool call waits for an approve/deny decision before it is denied ("timeout").
     approval_timeout: float = Field(default=300.0, gt=0)
+    # Connections (docs/clients.md). Clients may ping as often as every keepalive_min_ping_interval
+    # seconds, with or without calls (Go's and Java's keepalive of 10 s and more); the server pings
+    # a connection every keepalive_time seconds and closes it when no answer comes within
+    # keepalive_timeout (a client gone without a FIN). After max_connection_age seconds (±10 %) a
+    # connection is told to go away: new calls open a new one, which a balancer may send to another
+    # replica; the calls still on it may finish for max_connection_age_grace seconds, unset: as long
+    # as they take (an idle Converse session waiting for an approval is never cut). 0: no age.
+    keepalive_time: float = Field(default=30.0, gt=0)
+    keepalive_timeout: float = Field(default=20.0, gt=0)
+    keepalive_min_ping_interval: float = Field(default=5.0, gt=0)
+    max_connection_age: float = Field(default=1800.0, ge=0)
+    max_connection_age_grace: float | None = Field(default=None, gt=0)
     # Seconds in-flight streams get to finish on SIGTERM.
     shutdown_grace: float = 10.0
     # Seconds between health going NOT_SERVING and refusing new calls, for load balancers.

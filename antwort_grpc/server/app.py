@@ -22,6 +22,7 @@ from antwort_grpc.executors.base import ToolExecutor
 from antwort_grpc.grpc_server import ServerSpec, Serving, start_server
 from antwort_grpc.observability import Observability
 from antwort_grpc.providers.base import Provider, ProviderHealth
+from antwort_grpc.server.connections import connection_options
 from antwort_grpc.server.decode import add_parsing_servicer
 from antwort_grpc.server.servicer import ResponsesServicer
 from antwort_grpc.server.tls import server_credentials
@@ -137,6 +138,7 @@ async def start_gateway(
         add_services=lambda server: add_parsing_servicer(pb.add_ResponsesServiceServicer_to_server, servicer, server),
         credentials=credentials,
         interceptors=[AuthInterceptor(core.authenticator)] if core.authenticator is not None else [],
+        options=connection_options(settings),
         reflection=settings.reflection,
     )
     try:

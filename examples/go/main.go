@@ -7,10 +7,14 @@
 // bidirectional Converse session (converse.go): steer, approve, answer the call.
 //
 //	go-client 127.0.0.1:50051
+//	go-client -hold-idle 60s 127.0.0.1:50051   (only: an idle Converse stream held at an approval)
+//
+// It dials with the settings docs/clients.md recommends (dial.go): keepalive, retries, round_robin.
 package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -196,13 +200,23 @@ func cancelRunning(client antwortv1.ResponsesServiceClient) error {
 }
 
 func main() {
-	conn, err := grpc.Dial(os.Args[1], grpc.WithInsecure(), grpc.WithBlock(), grpc.WithTimeout(10*time.Second))
+	holdIdleFor := flag.Duration("hold-idle", 0, "only hold a Converse stream idle this long at an approval, then finish it")
+	flag.Parse()
+	options := append(dialOptions(), grpc.WithInsecure(), grpc.WithBlock(), grpc.WithTimeout(10*time.Second))
+	conn, err := grpc.Dial(flag.Arg(0), options...)
 	if err != nil {
 		fmt.Println("dial:", err)
 		os.Exit(1)
 	}
 	defer conn.Close()
 	client := antwortv1.NewResponsesServiceClient(conn)
+	if *holdIdleFor > 0 {
+		if err := holdIdle(client, *holdIdleFor); err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	steps := []func(antwortv1.ResponsesServiceClient) error{streamText, toolRoundTrip, badRequest, cancelRunning, converse}
 	for _, step := range steps {
 		if err := step(client); err != nil {
