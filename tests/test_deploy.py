@@ -109,7 +109,8 @@ def test_the_three_roles_are_separate_deployments_with_services_of_their_own(ove
 
 
 def _tls_executor(container: dict[str, Any]) -> bool:
-    return "ANTWORT_EXECUTOR_TLS_CERT" in _env_names(container)
+    """Whether the role's own port speaks TLS (an executor's, or the gateway's)."""
+    return bool({"ANTWORT_EXECUTOR_TLS_CERT", "ANTWORT_TLS_CERT"} & set(_env_names(container)))
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -334,6 +335,41 @@ def test_prod_runs_several_gateways_with_authentication_and_mutual_tls_to_the_ex
             _mounted(_container(executor), executor_env[variable], executor)
         token = _mounted(_container(executor), executor_env["ANTWORT_EXECUTOR_TOKEN_FILE"], executor)
         assert token["secret"]["secretName"] == gateway_token, "the gateway and the executors share one token"
+
+
+def test_prod_serves_its_clients_over_tls_with_a_certificate_from_a_secret() -> None:
+    gateway = _of_kind("Deployment", "prod")["antwort-gateway"]
+    container = _container(gateway)
+    env = _env(container)
+    cert = _mounted(container, env["ANTWORT_TLS_CERT"], gateway)
+    assert _mounted(container, env["ANTWORT_TLS_KEY"], gateway) == cert
+    assert cert["secret"]["secretName"] == "antwort-gateway-tls"
+    assert "optional" not in cert["secret"], "without its certificate the gateway must not start in plaintext"
+    services = _of_kind("Service", "prod")
+    for name in ("antwort-gateway", "antwort-gateway-headless"):
+        grpc_port = next(p for p in services[name]["spec"]["ports"] if p["name"] == "grpc")
+        assert grpc_port["appProtocol"] == "https", (name, "HTTP/2 over TLS, not h2c")
+    # The operator is told which Secret to make, and for which names.
+    kustomization = (ROOT / "deploy/overlays/prod/kustomization.yaml").read_text()
+    assert "antwort-gateway-tls" in kustomization and "antwort-gateway-headless" in kustomization
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_gateways_are_reachable_per_connection_and_per_call_and_connections_are_rebalanced(overlay: str) -> None:
+    deployment = _of_kind("Deployment", overlay)["antwort-gateway"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    services = _of_kind("Service", overlay)
+    # kube-proxy's ClusterIP balances connections; the headless Service gives round_robin every pod.
+    assert services["antwort-gateway"]["spec"].get("clusterIP") != "None"
+    headless = services["antwort-gateway-headless"]["spec"]
+    assert headless["clusterIP"] == "None" and headless["selector"].items() <= labels.items()
+    assert [p["targetPort"] for p in headless["ports"]] == ["grpc"]
+    assert not headless.get("publishNotReadyAddresses"), "a draining gateway must leave the DNS answer"
+    # Connections through the ClusterIP are moved now and then, without cutting their streams.
+    env = _env(_container(deployment))
+    settings = GatewaySettings(max_connection_age=env["ANTWORT_MAX_CONNECTION_AGE"])
+    assert settings.max_connection_age > 0 and settings.max_connection_age_grace is None
+    assert "ANTWORT_MAX_CONNECTION_AGE_GRACE" not in env
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
