@@ -8,6 +8,7 @@
 //
 //   java -cp "$CLASSPATH" AntwortClient 127.0.0.1:50051
 
+import com.google.gson.Gson;
 import com.google.protobuf.Struct;
 import com.google.protobuf.util.JsonFormat;
 import com.google.rpc.BadRequest;
@@ -31,6 +32,7 @@ import io.grpc.protobuf.StatusProto;
 import java.util.ArrayList;
 import java.util.Iterator;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.TimeUnit;
 
 public final class AntwortClient {
@@ -150,8 +152,36 @@ public final class AntwortClient {
     System.out.println("cancelled: " + terminal(run.last).getStatus());
   }
 
+  // The settings docs/clients.md recommends: keepalive pings every 10 s (also while a stream waits
+  // idle for an approval), a dead connection noticed 20 s later, round_robin over every address
+  // the target resolves to (dns:///antwort-gateway-headless:50051), and retries of the calls
+  // that are safe to repeat. grpc-java wants the service config as a Map with Double numbers:
+  // gson parses JSON into exactly that.
+  static final String SERVICE_CONFIG = "{\"methodConfig\": [{"
+      + "\"name\": [{\"service\": \"antwort.v1.ResponsesService\", \"method\": \"GetResponse\"},"
+      + " {\"service\": \"antwort.v1.ResponsesService\", \"method\": \"ListInputItems\"},"
+      + " {\"service\": \"antwort.v1.ResponsesService\", \"method\": \"CancelResponse\"},"
+      + " {\"service\": \"grpc.health.v1.Health\", \"method\": \"Check\"}],"
+      + " \"timeout\": \"10s\","
+      + " \"retryPolicy\": {\"maxAttempts\": 4, \"initialBackoff\": \"0.2s\", \"maxBackoff\": \"2s\","
+      + " \"backoffMultiplier\": 2, \"retryableStatusCodes\": [\"UNAVAILABLE\"]}}]}";
+
+  @SuppressWarnings("unchecked")
+  static ManagedChannel channel(String target) {
+    Map<String, ?> serviceConfig = new Gson().fromJson(SERVICE_CONFIG, Map.class);
+    return ManagedChannelBuilder.forTarget(target)
+        .usePlaintext()
+        .keepAliveTime(10, TimeUnit.SECONDS)
+        .keepAliveTimeout(20, TimeUnit.SECONDS)
+        .keepAliveWithoutCalls(true)
+        .defaultLoadBalancingPolicy("round_robin")
+        .defaultServiceConfig(serviceConfig)
+        .enableRetry()
+        .build();
+  }
+
   public static void main(String[] args) throws Exception {
-    ManagedChannel channel = ManagedChannelBuilder.forTarget(args[0]).usePlaintext().build();
+    ManagedChannel channel = channel(args[0]);
     try {
       AntwortClient client = new AntwortClient(ResponsesServiceGrpc.newBlockingStub(channel));
       client.streamText();
