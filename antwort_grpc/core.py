@@ -21,7 +21,7 @@ from antwort_grpc.engine.budget import ServerLimits
 from antwort_grpc.executors.base import FunctionExecutor, ToolExecutor
 from antwort_grpc.hooks import Dispatcher, build_hooks
 from antwort_grpc.observability import Observability
-from antwort_grpc.providers.base import Provider
+from antwort_grpc.providers.base import Provider, capabilities_of
 from antwort_grpc.responses.request_limits import Limits
 from antwort_grpc.responses.service import Responses
 from antwort_grpc.startup_errors import StartupError
@@ -158,7 +158,7 @@ async def build_core(settings: GatewaySettings, parts: Parts) -> Core:
     )
     limit = ConcurrencyLimit(settings.max_concurrent_responses) if settings.max_concurrent_responses > 0 else None
     edge = Edge(authenticator, limit, observability.observer() if observability is not None else None)
-    responses = Responses(engine, store, request_limits(settings))
+    responses = Responses(engine, store, request_limits(settings), capabilities_of(parts.provider))
     return Core(provider, store, executors, engine, responses, edge, authenticator, observability)
 
 

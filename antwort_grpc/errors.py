@@ -13,6 +13,15 @@ class FieldViolation:
     description: str
 
 
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """The thing a NOT_FOUND did not find, for google.rpc.ResourceInfo."""
+
+    type: str
+    name: str
+    description: str = ""
+
+
 class RequestError(Exception):
     def __init__(
         self,
@@ -20,6 +29,7 @@ class RequestError(Exception):
         message: str,
         violations: list[FieldViolation] | None = None,
         reason: str = "",
+        resource: Resource | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -27,6 +37,7 @@ class RequestError(Exception):
         self.violations = violations or []
         # Machine-readable, for google.rpc.ErrorInfo.
         self.reason = reason
+        self.resource = resource
 
 
 def invalid_argument(violations: list[FieldViolation]) -> RequestError:
@@ -34,10 +45,19 @@ def invalid_argument(violations: list[FieldViolation]) -> RequestError:
     return RequestError(grpc.StatusCode.INVALID_ARGUMENT, summary, violations, "invalid_request")
 
 
-def not_found(what: str, ident: str, field: str = "") -> RequestError:
+# ResourceInfo.resource_type of what a NOT_FOUND names (by the first word of `what`).
+RESOURCE_TYPES = {"response": "antwort.v1.Response", "model": "model"}
+
+
+def not_found(what: str, ident: str, field: str = "", description: str = "", reason: str = "not_found") -> RequestError:
+    """NOT_FOUND with google.rpc.ResourceInfo (type, name) and, given the field, BadRequest."""
     message = f"{what} {shorten(ident)!r} not found"
+    if description:
+        message += f": {description}"
     violations = [FieldViolation(field, message)] if field else []
-    return RequestError(grpc.StatusCode.NOT_FOUND, message, violations, "not_found")
+    kind = RESOURCE_TYPES.get(what.split(" ", 1)[0], what)
+    resource = Resource(kind, ident, description)
+    return RequestError(grpc.StatusCode.NOT_FOUND, message, violations, reason, resource)
 
 
 # How much of a client's value an error message repeats back.

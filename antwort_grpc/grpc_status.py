@@ -1,4 +1,5 @@
-"""RequestError -> a gRPC status with google.rpc details (BadRequest, ErrorInfo) in the trailers."""
+"""RequestError -> a gRPC status with google.rpc details (BadRequest, ErrorInfo, ResourceInfo) in the
+trailers."""
 
 from __future__ import annotations
 
@@ -28,17 +29,35 @@ _RESERVED_BYTES = 256
 
 def to_status(err: RequestError) -> grpc.Status:
     message = shorten(err.message, MAX_MESSAGE_CHARS)
+    resource = _resource_info(err)
     details = []
     if err.violations:
+        budget = MAX_DETAILS_BYTES - _RESERVED_BYTES - len(message.encode())
+        if resource is not None:
+            budget -= resource.ByteSize()
         packed = any_pb2.Any()
-        packed.Pack(_bad_request(err.violations, MAX_DETAILS_BYTES - _RESERVED_BYTES - len(message.encode())))
+        packed.Pack(_bad_request(err.violations, budget))
         details.append(packed)
     if err.reason:
         packed = any_pb2.Any()
         packed.Pack(error_details_pb2.ErrorInfo(reason=err.reason, domain=DOMAIN))
         details.append(packed)
+    if resource is not None:
+        packed = any_pb2.Any()
+        packed.Pack(resource)
+        details.append(packed)
     status = status_pb2.Status(code=err.code.value[0], message=message, details=details)
     return rpc_status.to_status(status)
+
+
+def _resource_info(err: RequestError) -> error_details_pb2.ResourceInfo | None:
+    if err.resource is None:
+        return None
+    return error_details_pb2.ResourceInfo(
+        resource_type=err.resource.type,
+        resource_name=shorten(err.resource.name, MAX_FIELD_CHARS),
+        description=shorten(err.resource.description, MAX_DESCRIPTION_CHARS),
+    )
 
 
 def _bad_request(violations: list[FieldViolation], budget: int) -> error_details_pb2.BadRequest:

@@ -110,6 +110,39 @@ class Provider(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend is known, before anything runs, to be unable to do: a request asking for it
+    is refused with a status before its response is created, instead of failing after `created`.
+    The defaults know of nothing (an OpenAI-compatible backend says so only when asked)."""
+
+    # The model names it serves; None: any name (the backend decides).
+    models: frozenset[str] | None = None
+    calls_tools: bool = True
+    # Who it is and what to do instead, for the error message.
+    name: str = "the model backend"
+    instead: str = ""
+
+
+def capabilities_of(provider: object) -> Capabilities:
+    """A provider's `capabilities` attribute, when it has one."""
+    found = getattr(provider, "capabilities", None)
+    return found if isinstance(found, Capabilities) else Capabilities()
+
+
+def forces_a_call(choice: pb.ToolChoice | None) -> bool:
+    """Whether a tool_choice demands that the model call a tool (required, or one function)."""
+    if choice is None:
+        return False
+    kind = choice.WhichOneof("choice")
+    if kind == "function":
+        return True
+    required = pb.ToolChoiceMode.TOOL_CHOICE_MODE_REQUIRED
+    if kind == "mode":
+        return bool(choice.mode == required)
+    return kind == "allowed_tools" and choice.allowed_tools.mode == required
+
+
 @dataclass(slots=True)
 class ProviderHealth:
     ok: bool

@@ -22,8 +22,15 @@ import sys
 from collections.abc import AsyncGenerator
 from pathlib import Path
 
-from antwort_grpc import pb
-from antwort_grpc.providers.base import Completion, ProviderError, ProviderEvent, ProviderHealth, TurnRequest
+from antwort_grpc.providers.base import (
+    Capabilities,
+    Completion,
+    ProviderError,
+    ProviderEvent,
+    ProviderHealth,
+    TurnRequest,
+    forces_a_call,
+)
 from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
 
 log = logging.getLogger(__name__)
@@ -106,21 +113,15 @@ def bounded(turn: TurnRequest) -> TurnRequest:
 def refuse_unservable(turn: TurnRequest, served: str) -> None:
     """What the one small model cannot do is refused, not quietly answered by it anyway: another
     model's name (the response would claim a model that never ran), and a tool choice that
-    demands a call (it does not call tools)."""
+    demands a call (it does not call tools). The responses layer refuses both before a response
+    starts (its `capabilities`); this stays for turns it does not see (a hook's replacement)."""
     if turn.model and turn.model != served:
         raise ProviderError(
             "model_not_found",
             f"the embedded local model is {served!r}; {turn.model!r} needs a backend that serves it "
             "(ANTWORT_BACKEND_URL)",
         )
-    choice = turn.tool_choice
-    if choice is None:
-        return
-    kind = choice.WhichOneof("choice")
-    forced = kind == "function" or (kind == "mode" and choice.mode == pb.ToolChoiceMode.TOOL_CHOICE_MODE_REQUIRED)
-    if kind == "allowed_tools" and choice.allowed_tools.mode == pb.ToolChoiceMode.TOOL_CHOICE_MODE_REQUIRED:
-        forced = True
-    if forced:
+    if forces_a_call(turn.tool_choice):
         raise ProviderError(
             "invalid_request",
             f"the embedded local model {served!r} does not call tools, so a required or forced tool_choice "
@@ -134,6 +135,12 @@ class LocalModelProvider:
 
     def __init__(self, model: Path, *, model_name: str = MODEL_NAME, read_timeout: float = 120.0) -> None:
         self.model_name = model_name
+        self.capabilities = Capabilities(
+            models=frozenset({model_name}),
+            calls_tools=False,
+            name=f"the embedded local model {model_name!r}",
+            instead="another backend (ANTWORT_BACKEND_URL)",
+        )
         self._server = LocalModelServer(model)
         self._read_timeout = read_timeout
         self._provider: OpenAICompatProvider | None = None

@@ -18,9 +18,11 @@ from antwort_grpc.engine import Engine
 from antwort_grpc.engine.run import Run
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument, not_found
 from antwort_grpc.hooks.service import Caller
+from antwort_grpc.providers.base import Capabilities
 from antwort_grpc.responses.admission import hook_run
 from antwort_grpc.responses.controls import validate_control
 from antwort_grpc.responses.request_limits import DEFAULT_LIMITS, Limits
+from antwort_grpc.responses.servable import check_servable
 from antwort_grpc.responses.validation import check_create, check_id, validate_create, validate_policy
 from antwort_grpc.storage.base import RUNNING, CancelSignals, ControlSignals, ResponseStore, StoredResponse
 
@@ -33,10 +35,18 @@ CANCEL_POLL = (0.01, 0.2)
 
 
 class Responses:
-    def __init__(self, engine: Engine, store: ResponseStore, limits: Limits = DEFAULT_LIMITS) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        store: ResponseStore,
+        limits: Limits = DEFAULT_LIMITS,
+        served: Capabilities | None = None,
+    ) -> None:
         self.engine = engine
         self.store = store
         self.limits = limits
+        # What the model backend is known not to do: refused before a response is created.
+        self.served = served or Capabilities()
 
     @property
     def hooked(self) -> bool:
@@ -54,6 +64,7 @@ class Responses:
     ) -> Run:
         """A started (and stored) response; iterate `run.events()` to run it."""
         await check_create(request, self.limits)
+        check_servable(request, self.served, self.engine.config.default_model)
         server = self.engine.server_limits
         violations = validate_policy(request, server)
         if violations:

@@ -224,6 +224,13 @@ func main() {
 			os.Exit(1)
 		}
 	}
+	// NOT_FOUND names what it did not find: google.rpc.ResourceInfo.
 	_, err = client.GetResponse(context.Background(), &antwortv1.GetResponseRequest{ResponseId: "resp_missing"})
-	fmt.Println("get_missing:", codeName[status.Code(err)])
+	missing := ""
+	for _, detail := range status.Convert(err).Details() {
+		if info, ok := detail.(*errdetails.ResourceInfo); ok {
+			missing = " " + info.GetResourceType() + " " + info.GetResourceName()
+		}
+	}
+	fmt.Println("get_missing:", codeName[status.Code(err)]+missing)
 }

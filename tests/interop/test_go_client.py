@@ -39,4 +39,4 @@ async def test_go_client_streams_calls_a_tool_reads_bad_request_details_cancels_
     assert steered[-1] == {"role": "user", "content": "Make it short, and check the weather."}
     answered = fake.chat_requests[6]["messages"]
     assert answered[-1] == {"role": "tool", "tool_call_id": "call_weather", "content": '{"temp": 21}'}
-    assert lines[-1] == "get_missing: NOT_FOUND"
+    assert lines[-1] == "get_missing: NOT_FOUND antwort.v1.Response resp_missing"

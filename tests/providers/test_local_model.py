@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Awaitable
+from typing import TypeVar
+
+import grpc
+import pytest
+from google.protobuf.message import Message
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from antwort_grpc import pb
 from antwort_grpc.providers import local_model
@@ -11,6 +19,8 @@ from antwort_grpc.providers.local_model import LocalModelProvider
 from tests.harness import final, output_text, running_gateway
 
 from .turns import drain, user
+
+T = TypeVar("T", bound=Message)
 
 
 def test_the_weights_are_found_without_importing_their_package() -> None:
@@ -54,7 +64,19 @@ async def test_the_local_model_streams_a_real_answer_and_stops_with_its_owner() 
     assert server is not None and server.returncode is not None, "the child process is gone"
 
 
-async def test_the_response_names_the_local_model_and_other_models_or_forced_tools_are_refused() -> None:
+async def test_the_response_names_the_local_model() -> None:
+    model = local_model.model_file()
+    assert model is not None
+    provider = LocalModelProvider(model)
+    try:
+        async with running_gateway(provider=provider, executors=[], model=local_model.MODEL_NAME) as gw:
+            answered = await gw.create(pb.CreateResponseRequest(input_text="Say hi.", max_output_tokens=4))
+    finally:
+        await provider.aclose()
+    assert answered.model == "smollm2-135m-instruct"
+
+
+async def test_another_model_or_a_forced_tool_choice_is_a_status_before_any_response_is_created() -> None:
     model = local_model.model_file()
     assert model is not None
     provider = LocalModelProvider(model)
@@ -71,16 +93,39 @@ async def test_the_response_names_the_local_model_and_other_models_or_forced_too
     )
     try:
         async with running_gateway(provider=provider, executors=[], model=local_model.MODEL_NAME) as gw:
-            answered = await gw.create(pb.CreateResponseRequest(input_text="Say hi.", max_output_tokens=4))
-            other = await gw.create(pb.CreateResponseRequest(input_text="Say hi.", model="gpt-4o"))
-            refused = [await gw.create(forced), await gw.create(required)]
+            other = await refusal(gw.create(pb.CreateResponseRequest(input_text="Say hi.", model="gpt-4o")))
+            refused = [await refusal(gw.create(forced)), await refusal(gw.create(required))]
+        # Nothing ran: the model's server was never started for these.
+        assert provider._provider is None
     finally:
         await provider.aclose()
 
-    S = pb.ResponseStatus
-    assert answered.model == "smollm2-135m-instruct"
-    assert other.status == S.RESPONSE_STATUS_FAILED and other.error.code == "model_not_found"
-    assert "'gpt-4o' needs a backend that serves it" in other.error.message
-    for response in refused:
-        assert response.status == S.RESPONSE_STATUS_FAILED and response.error.code == "invalid_request"
-        assert "does not call tools" in response.error.message
+    assert other.code() == grpc.StatusCode.NOT_FOUND
+    assert "'smollm2-135m-instruct' only" in (other.details() or "")
+    [resource] = details(other, error_details_pb2.ResourceInfo)
+    assert (resource.resource_type, resource.resource_name) == ("model", "gpt-4o")
+    assert "ANTWORT_BACKEND_URL" in resource.description
+    [bad] = details(other, error_details_pb2.BadRequest)
+    assert bad.field_violations[0].field == "model"
+    for error in refused:
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        [bad] = details(error, error_details_pb2.BadRequest)
+        assert bad.field_violations[0].field == "tool_choice"
+        assert "does not call tools" in bad.field_violations[0].description
+
+
+async def refusal(call: Awaitable[object]) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await call
+    return raised.value
+
+
+def details(error: grpc.aio.AioRpcError, kind: type[T]) -> list[T]:
+    status = rpc_status.from_call(error)
+    assert status is not None, "no google.rpc.Status in the trailers"
+    found = []
+    for detail in status.details:
+        message = kind()
+        if detail.Unpack(message):
+            found.append(message)
+    return found
