@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.startup_errors import (
@@ -102,7 +103,7 @@ SERVE_FLAGS = [
 def gateway_settings(args: argparse.Namespace) -> GatewaySettings:
     try:
         return GatewaySettings(**_overrides(args, SERVE_FLAGS))
-    except ValidationError as error:
+    except (ValidationError, SettingsError) as error:
         raise settings_error(GatewaySettings, error, SERVE_FLAGS) from error
 
 
@@ -124,7 +125,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _migrate(args: argparse.Namespace) -> int:
     try:
         settings = GatewaySettings(**_overrides(args, ["store", "data_dir"]))
-    except ValidationError as error:
+    except (ValidationError, SettingsError) as error:
         raise settings_error(GatewaySettings, error, ["store", "data_dir"]) from error
     _logging(settings.log_level)
     from antwort_grpc.storage.factory import migrate

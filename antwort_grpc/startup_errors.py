@@ -7,11 +7,12 @@ line to print, or None when it does not know the exception (the caller then prin
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Collection
 
 from pydantic import BaseModel, ValidationError
-from pydantic_settings import BaseSettings
+from pydantic_settings import BaseSettings, SettingsError
 
 _BIND_FAILED = "Failed to bind to address"
 
@@ -26,10 +27,16 @@ def setting_names(settings_class: type[BaseSettings], field: str, flags: Collect
     return f"--{field.replace('_', '-')} / {variable}" if field in flags else variable
 
 
+# pydantic-settings' words for a variable it could not decode (JSON of a dict or list setting).
+_UNPARSABLE = re.compile(r'error parsing value for field "(\w+)" from source "(\w+)"')
+
+
 def settings_error(
-    settings_class: type[BaseModel], error: ValidationError, flags: Collection[str] = ()
+    settings_class: type[BaseModel], error: ValidationError | SettingsError, flags: Collection[str] = ()
 ) -> StartupError:
     """The first invalid value of a settings class, as one line. `flags`: the fields that have one."""
+    if isinstance(error, SettingsError):
+        return _unparsable(settings_class, error, flags)
     first = error.errors()[0]
     field = ".".join(str(part) for part in first["loc"]) or "?"
     if issubclass(settings_class, BaseSettings) and first["loc"]:
@@ -40,6 +47,18 @@ def settings_error(
     shown = f" {value!r}" if isinstance(value, str | int | float) else ""
     more = f" (and {len(error.errors()) - 1} more)" if len(error.errors()) > 1 else ""
     return StartupError(f"{name}:{shown} {first['msg'][0].lower()}{first['msg'][1:]}{more}")
+
+
+def _unparsable(settings_class: type[BaseModel], error: SettingsError, flags: Collection[str]) -> StartupError:
+    """A variable whose text is not the JSON its setting needs (`ANTWORT_BACKEND_HEADERS='{bad'`)."""
+    found = _UNPARSABLE.search(str(error))
+    if found is None or not issubclass(settings_class, BaseSettings):
+        return StartupError(str(error))
+    field = found.group(1)
+    cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
+    info = settings_class.model_fields.get(field)
+    wanted = 'a JSON object, e.g. \'{"name": "value"}\'' if info and "dict" in str(info.annotation) else "JSON"
+    return StartupError(f"{setting_names(settings_class, field, flags)}: not valid JSON{cause}; expected {wanted}")
 
 
 def bind_error(listen: str, setting: str) -> StartupError:

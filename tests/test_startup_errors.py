@@ -105,6 +105,7 @@ def test_a_store_locked_by_another_gateway_names_the_store_setting(script: Path,
         ({}, ["--log-level", "LOUD"], ["--log-level / ANTWORT_LOG_LEVEL", "'LOUD'"]),
         ({}, ["--store", "mysql://db"], ["--store / ANTWORT_STORE", "unsupported store"]),
         ({}, ["--listen", "nowhere"], ["--listen / ANTWORT_LISTEN", "not host:port"]),
+        ({"ANTWORT_BACKEND_HEADERS": "{bad"}, [], ["ANTWORT_BACKEND_HEADERS", "not valid JSON", "a JSON object"]),
     ],
 )
 def test_a_bad_config_value_names_the_setting(

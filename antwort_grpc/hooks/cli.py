@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from antwort_grpc.config import HookSettings
 from antwort_grpc.startup_errors import StartupError, bind_error, check_listen, is_bind_failure, settings_error
@@ -30,7 +31,7 @@ def _run(args: argparse.Namespace) -> int:
     names = ["listen", "log_level"]
     try:
         settings = HookSettings(**{n: getattr(args, n) for n in names if getattr(args, n, None) is not None})
-    except ValidationError as error:
+    except (ValidationError, SettingsError) as error:
         raise settings_error(HookSettings, error, names) from error
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     check_listen(settings.listen, "--listen / ANTWORT_HOOK_LISTEN")

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from antwort_grpc.config import ExecutorSettings
 from antwort_grpc.startup_errors import StartupError, bind_error, check_listen, is_bind_failure, settings_error
@@ -38,7 +39,7 @@ def executor_settings(args: argparse.Namespace) -> ExecutorSettings:
     names = ["listen", "log_level", "token_file", "tls_cert", "tls_key", "tls_client_ca"]
     try:
         return ExecutorSettings(**{n: getattr(args, n) for n in names if getattr(args, n, None) is not None})
-    except ValidationError as error:
+    except (ValidationError, SettingsError) as error:
         raise settings_error(ExecutorSettings, error, names) from error
 
 
