@@ -150,6 +150,10 @@ def _wants_traceback(args: argparse.Namespace) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv)[:1] in (["ask"], ["chat"]):
+        # grpcio's own lines (a failed TLS handshake, logged at INFO) would stand beside the one
+        # line the client prints about it; read once, when grpc is first imported (just below).
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     parser = argparse.ArgumentParser(prog="antwort-grpc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)

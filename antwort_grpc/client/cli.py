@@ -115,7 +115,9 @@ async def _ask_async(args: argparse.Namespace) -> int:
     items = _ask_items(args)
     async with connection.channel() as channel:
         stub = pb.ResponsesServiceStub(channel)
-        async with Session(stub, _options(args, connection.metadata), connection.target) as session:
+        async with Session(
+            stub, _options(args, connection.metadata), connection.target, unreachable=connection.unreachable
+        ) as session:
             response = await session.run(session.request(items, args.previous))
             if not args.json and (hint := continuation_hint(session.last_event)) is not None:
                 session.prompts.print(hint, style="dim", highlight=False, soft_wrap=True)
@@ -126,7 +128,9 @@ async def _chat_async(args: argparse.Namespace) -> int:
     connection = connection_from(args)
     async with connection.channel() as channel:
         stub = pb.ResponsesServiceStub(channel)
-        async with Session(stub, _options(args, connection.metadata), connection.target) as session:
+        async with Session(
+            stub, _options(args, connection.metadata), connection.target, unreachable=connection.unreachable
+        ) as session:
             return await chat(session, args.previous)
 
 

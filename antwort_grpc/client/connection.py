@@ -1,8 +1,9 @@
 """Where the client connects and how: target, TLS and credentials, as grpcurl takes them.
 
 Plaintext is the default for a loopback target (the gateway's own default) and TLS for any other,
-unless `--plaintext` or `--tls` says otherwise. Headers (`-H 'name: value'`) and a bearer token go
-on every call as metadata.
+unless `--plaintext` or `--tls` says otherwise; `--cacert`, `--cert` and `--key` mean TLS. Headers
+(`-H 'name: value'`) and a bearer token go on every call as metadata. A connection that fails says
+what is wrong with it (client/diagnose.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import grpc
 
+from antwort_grpc.client.diagnose import connection_problem
 from antwort_grpc.startup_errors import StartupError
 
 DEFAULT_TARGET = "127.0.0.1:50051"
@@ -42,6 +44,19 @@ class Connection:
         if self.authority:
             options.append(("grpc.ssl_target_name_override", self.authority))
         return grpc.aio.secure_channel(self.target, credentials, options=options)
+
+    def unreachable(self, details: str) -> str:
+        """The one line for a call that could not connect (UNAVAILABLE)."""
+        problem = connection_problem(
+            details,
+            self.target,
+            plaintext=self.plaintext,
+            cacert=str(self.cacert) if self.cacert else None,
+            cert=str(self.cert) if self.cert else None,
+        )
+        if problem is not None:
+            return f"cannot connect to the gateway at {self.target}: {problem}"
+        return f"cannot reach the gateway at {self.target} ({details}): start it, or set --target / ANTWORT_TARGET"
 
 
 def _read(path: Path | None, flag: str) -> bytes | None:
@@ -82,9 +97,14 @@ def _flag_or_env(value: object, variable: str) -> str | None:
 
 def connection_from(args: argparse.Namespace) -> Connection:
     target = _flag_or_env(args.target, "ANTWORT_TARGET") or DEFAULT_TARGET
+    paths = {name: _flag_or_env(getattr(args, name), f"ANTWORT_{name.upper()}") for name in ("cacert", "cert", "key")}
+    given = [f"--{name}" for name, path in paths.items() if path]
     if args.plaintext:
+        if given:
+            raise StartupError(f"{' and '.join(given)} need TLS: drop --plaintext")
         plaintext = True
-    elif args.tls:
+    elif args.tls or given:
+        # A CA or a client certificate means TLS, whatever the target.
         plaintext = False
     else:
         plaintext = target.startswith(_LOOPBACK)
@@ -96,7 +116,6 @@ def connection_from(args: argparse.Namespace) -> Connection:
         metadata.append((name.strip().lower(), value.strip()))
     if token := _flag_or_env(args.token, "ANTWORT_TOKEN"):
         metadata.append(("authorization", f"Bearer {token}"))
-    paths = {name: _flag_or_env(getattr(args, name), f"ANTWORT_{name.upper()}") for name in ("cacert", "cert", "key")}
     return Connection(
         target=target,
         plaintext=plaintext,

@@ -12,7 +12,7 @@ import asyncio
 import collections
 import sys
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -49,11 +49,19 @@ def user_message(text: str) -> pb.Item:
     return pb.Item(message=pb.Message(role=pb.Role.ROLE_USER, content=content))
 
 
-def error_line(error: grpc.aio.AioRpcError, target: str) -> str:
-    """An RPC error as one line, with the BadRequest field violations when there are any."""
+def unreachable_line(target: str) -> Callable[[str], str]:
+    def line(details: str) -> str:
+        return f"cannot reach the gateway at {target} ({details}): start it, or set --target / ANTWORT_TARGET"
+
+    return line
+
+
+def error_line(error: grpc.aio.AioRpcError, unreachable: Callable[[str], str]) -> str:
+    """An RPC error as one line, with the BadRequest field violations when there are any;
+    `unreachable` says what a call that could not connect means."""
     code = error.code()
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return f"cannot reach the gateway at {target} ({error.details()}): start it, or set --target / ANTWORT_TARGET"
+    if code == grpc.StatusCode.UNAVAILABLE and not _from_the_gateway(error):
+        return unreachable(error.details() or "")
     line = f"{code.name}: {error.details()}"
     status = rpc_status.from_call(error)
     if status is not None:
@@ -67,6 +75,15 @@ def error_line(error: grpc.aio.AioRpcError, target: str) -> str:
             if violations not in line:
                 line += f" ({violations})"
     return line
+
+
+def _from_the_gateway(error: grpc.aio.AioRpcError) -> bool:
+    """Whether the gateway answered (its statuses carry google.rpc.Status details), rather than
+    the connection failing."""
+    try:
+        return rpc_status.from_call(error) is not None
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -89,10 +106,18 @@ class _Pending:
 class Session:
     """One Converse stream and what is typed into it."""
 
-    def __init__(self, stub: Any, options: Options, target: str, console: Console | None = None) -> None:
+    def __init__(
+        self,
+        stub: Any,
+        options: Options,
+        target: str,
+        console: Console | None = None,
+        unreachable: Callable[[str], str] | None = None,
+    ) -> None:
         self.stub = stub
         self.options = options
         self.target = target
+        self.unreachable = unreachable or unreachable_line(target)
         self.console = console or Console(highlight=False)
         # Prompts go to stderr in --json mode, so stdout stays one JSON object per line.
         self.prompts = Console(stderr=True, highlight=False) if options.json else self.console
@@ -161,7 +186,7 @@ class Session:
         try:
             return await self._run(request)
         except grpc.aio.AioRpcError as error:
-            raise StartupError(error_line(await self._final(error), self.target)) from error
+            raise StartupError(error_line(await self._final(error), self.unreachable)) from error
 
     async def _final(self, error: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
         """The server's verdict when the stream broke before its status arrived: grpcio reports a
