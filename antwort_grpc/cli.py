@@ -109,7 +109,7 @@ def gateway_settings(args: argparse.Namespace) -> GatewaySettings:
 
 def _serve(args: argparse.Namespace) -> int:
     settings = gateway_settings(args)
-    _logging(settings.log_level, settings.log_format)
+    _logging(settings.log_level, settings.log_format, native=True)
     check_listen(settings.listen, "--listen / ANTWORT_LISTEN")
     from antwort_grpc.server.serve import serve
 
@@ -134,12 +134,13 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _logging(level: str, log_format: str = "text") -> None:
+def _logging(level: str, log_format: str = "text", native: bool = False) -> None:
+    """Logging to stderr in `log_format`; `native`: grpcio's own lines too (observability/logs.py)."""
     if not isinstance(logging.getLevelName(level.upper()), int):
         raise StartupError(f"--log-level / ANTWORT_LOG_LEVEL: unknown level {level!r} (DEBUG, INFO, WARNING, ERROR)")
-    from antwort_grpc.observability.logs import configure
+    from antwort_grpc.observability.logs import configure, route_native_stderr
 
-    configure(level, log_format)
+    configure(level, log_format, route_native_stderr() if native else None)
 
 
 def _wants_traceback(args: argparse.Namespace) -> bool:
@@ -147,6 +148,21 @@ def _wants_traceback(args: argparse.Namespace) -> bool:
     levels.append(os.environ.get("ANTWORT_EXECUTOR_LOG_LEVEL"))
     levels.append(os.environ.get("ANTWORT_HOOK_LOG_LEVEL"))
     return any(isinstance(level, str) and level.upper() == "DEBUG" for level in levels)
+
+
+def _log_format(args: argparse.Namespace) -> str:
+    """The log format a failed command asked for, even when its settings did not load."""
+    if args.command != "serve":
+        return "text"
+    return str(getattr(args, "log_format", None) or os.environ.get("ANTWORT_LOG_FORMAT") or "text").lower()
+
+
+def _last_words(args: argparse.Namespace, line: str) -> None:
+    """The one line a failed command ends with, on the real stderr, in its log format."""
+    from antwort_grpc.observability.logs import one_line, restore_native_stderr
+
+    restore_native_stderr()
+    print(one_line(line, _log_format(args), logging.ERROR, "antwort_grpc.cli"), file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         if _wants_traceback(args):
             raise
         line = describe(error) or f"{type(error).__name__}: {error} (--log-level DEBUG shows where)"
-        print(f"antwort-grpc {args.command}: {line}", file=sys.stderr)
+        _last_words(args, f"antwort-grpc {args.command}: {line}")
         return 2
     return result
 

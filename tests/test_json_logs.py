@@ -56,7 +56,7 @@ async def test_json_logs_have_one_line_per_finished_response_and_no_content(tmp_
         try:
             assert proc.stdout is not None
             line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
-            target = line.rsplit(" ", 1)[-1].strip()
+            target = json.loads(line)["target"]  # stdout is JSON too
             ids = []
             async with grpc.aio.insecure_channel(target) as channel:
                 stub = pb.ResponsesServiceStub(channel)

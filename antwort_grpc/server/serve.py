@@ -9,6 +9,7 @@ from antwort_grpc import tracing
 from antwort_grpc.auth.build import refuse_open_listen
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.core import assemble
+from antwort_grpc.observability.logs import one_line
 from antwort_grpc.server.app import serve_until_signalled, start_gateway
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,9 @@ async def serve(settings: GatewaySettings) -> None:
     try:
         gateway = await start_gateway(settings, provider=parts.provider, store=parts.store, executors=parts.executors)
         tune_gc()
-        print(f"antwort-grpc serving on {gateway.target}", flush=True)
+        # The line scripts wait for; in the log format, so stdout too is JSON with --log-format json.
+        line = one_line(f"antwort-grpc serving on {gateway.target}", settings.log_format, target=gateway.target)
+        print(line, flush=True)
         await serve_until_signalled(gateway, settings.shutdown_grace, settings.shutdown_drain, settings.interrupt_grace)
     finally:
         await parts.close()
