@@ -87,3 +87,57 @@ async def test_a_grace_shorter_than_an_idle_stream_cuts_it_when_the_connection_i
     ):
         ended = await idle_at_an_approval(channel, idle=5)
     assert ended.startswith("UNAVAILABLE"), ended
+
+
+class Blackhole:
+    """A TCP relay in front of the gateway that can stop relaying without closing anything: the
+    client looks alive to the network and never answers again, like a peer whose host vanished."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.frozen = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"127.0.0.1:{port}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in self.tasks:
+            task.cancel()
+        assert self.server is not None
+        self.server.close()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        host, port = self.upstream.rsplit(":", 1)
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._relay(source, sink))
+            self.tasks.add(task)
+
+    async def _relay(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        while data := await source.read(65536):
+            if self.frozen.is_set():
+                await asyncio.Event().wait()  # holds the bytes and the socket, forever
+            sink.write(data)
+            await sink.drain()
+
+
+async def test_the_gateways_pings_find_a_client_that_stopped_answering_and_end_its_stream() -> None:
+    async with gateway(keepalive_time=1, keepalive_timeout=1) as gw:
+        hole = Blackhole(gw.target)
+        async with hole as relay, grpc.aio.insecure_channel(relay) as channel:
+            call = pb.ResponsesServiceStub(channel).Converse(timeout=120)
+            await call.write(pb.ConverseRequest(create=approval_request()))
+            while (message := await call.read()).event.WhichOneof("event") != "approval_requested":
+                assert message is not grpc.aio.EOF
+            [running] = gw.gateway.engine.runs.running()
+            hole.frozen.set()  # the client is gone without a word, while its run waits for an approval
+            # The approval would wait its 300 s; the unanswered pings end the stream long before.
+            ended = await gw.gateway.engine.runs.wait_idle(30)
+            call.cancel()
+        stored = await gw.store.get(running)
+    assert ended, "the run still waits for a client that is gone"
+    assert stored is not None and stored.response.status == pb.ResponseStatus.RESPONSE_STATUS_CANCELLED

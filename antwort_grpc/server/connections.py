@@ -27,6 +27,10 @@ def connection_options(settings: GatewaySettings) -> list[tuple[str, int]]:
         ("grpc.keepalive_timeout_ms", _ms(settings.keepalive_timeout)),
         # Keep pinging a connection whose only stream is idle (an approval that takes its time).
         ("grpc.http2.max_pings_without_data", 0),
+        # Any ping left unanswered that long closes the connection. Without it an unanswered
+        # flow-control ping holds back the keepalive ping (one ping in flight at a time): a client
+        # gone silent was still holding its stream a minute later.
+        ("grpc.http2.ping_timeout_ms", _ms(settings.keepalive_timeout)),
     ]
     if settings.max_connection_age > 0:
         options.append(("grpc.max_connection_age_ms", _ms(settings.max_connection_age)))
