@@ -65,7 +65,7 @@ async def test_a_client_pinging_every_second_holds_an_idle_stream_when_the_polic
         ("grpc.http2.max_pings_without_data", 0),
     ]
     async with (
-        gateway(keepalive_min_ping_interval=0.5) as gw,
+        gateway(keepalive_min_ping_interval=0.2) as gw,
         grpc.aio.insecure_channel(gw.target, options=pinging) as channel,
     ):
         assert await idle_at_an_approval(channel, idle=6) == "requires_action"
