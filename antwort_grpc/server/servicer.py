@@ -54,16 +54,19 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
                 )
                 # Closed with this call, however it ends (try/finally: aclosing's two calls, per request).
                 events = run.events()
+                observing = watch.observing
                 try:
                     if request.stream:
                         async for event in events:
-                            watch.saw(event)
+                            if observing:
+                                watch.saw(event)
                             yield _message(event)
                     else:
                         # One code path: drain the same stream, send only the terminal event.
                         last = None
                         async for event in events:
-                            watch.saw(event)
+                            if observing:
+                                watch.saw(event)
                             last = event
                         assert last is not None
                         yield _message(last)
