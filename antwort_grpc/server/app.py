@@ -14,17 +14,16 @@ from grpc_health.v1._async import HealthServicer
 
 from antwort_grpc import pb
 from antwort_grpc.auth.build import refuse_open_listen
-from antwort_grpc.auth.interceptor import AuthInterceptor
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.core import Core, Parts, build_core
 from antwort_grpc.engine import Engine
 from antwort_grpc.executors.base import ToolExecutor
+from antwort_grpc.grpc_security import AuthInterceptor, server_credentials
 from antwort_grpc.grpc_server import ServerSpec, Serving, start_server
 from antwort_grpc.observability import Observability
 from antwort_grpc.providers.base import Provider, ProviderHealth
 from antwort_grpc.server.decode import add_parsing_servicer
 from antwort_grpc.server.servicer import ResponsesServicer
-from antwort_grpc.server.tls import server_credentials
 from antwort_grpc.storage.base import ResponseStore
 
 log = logging.getLogger(__name__)

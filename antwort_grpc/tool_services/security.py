@@ -16,10 +16,8 @@ from pathlib import Path
 
 import grpc
 
-from antwort_grpc.auth.identity import AuthError, Identity
-from antwort_grpc.auth.interceptor import AuthInterceptor
 from antwort_grpc.executors.credentials import read_token
-from antwort_grpc.server.tls import server_credentials
+from antwort_grpc.grpc_security import AuthError, AuthInterceptor, Identity, server_credentials
 
 GATEWAY = Identity("gateway")
 
