@@ -19,6 +19,7 @@ from opentelemetry import trace
 from antwort_grpc import pb
 from antwort_grpc.auth.identity import Authenticator, AuthError, Identity
 from antwort_grpc.errors import RequestError
+from antwort_grpc.grpc_security import identify
 from antwort_grpc.observability.context import Observation, current_observation
 from antwort_grpc.observability.observer import Observer
 
@@ -125,7 +126,7 @@ class Edge:
         try:
             if isinstance(credential, AuthError):
                 raise credential
-            return await self.authenticator.authenticate(credential)
+            return await identify(self.authenticator, credential)
         except AuthError as err:
             raise RequestError(grpc.StatusCode.UNAUTHENTICATED, str(err), reason="unauthenticated") from None
 

@@ -15,6 +15,7 @@ a missing or bad credential is `UNAUTHENTICATED` before the servicer runs.
 from __future__ import annotations
 
 import ipaddress
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ import grpc
 from antwort_grpc.errors import RequestError
 from antwort_grpc.grpc_status import abort
 from antwort_grpc.startup_errors import StartupError
+
+log = logging.getLogger(__name__)
 
 # RPCs anyone may call: probes must work without credentials.
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)
@@ -68,6 +71,21 @@ def credential_of(metadata: Collection[tuple[str, Any]] | None) -> str:
                 raise AuthError("the authorization metadata must be 'Bearer <credential>'")
             return text[len(BEARER) :].strip()
     raise AuthError("no credentials: send 'authorization: Bearer <credential>' metadata")
+
+
+async def identify(authenticator: Authenticator, credential: str) -> Identity:
+    """The Identity the credential names; AuthError for every credential that names none.
+
+    A credential is whatever a caller sends, so an authenticator that fails on one in a way it did
+    not foresee (a library's TypeError on a token it cannot parse) still refuses it: the caller
+    gets UNAUTHENTICATED and the log one line naming the failure, never a traceback per call."""
+    try:
+        return await authenticator.authenticate(credential)
+    except AuthError:
+        raise
+    except Exception as err:
+        log.warning("a credential could not be checked (%s: %s); the call is refused", type(err).__name__, err)
+        raise AuthError("the credential could not be checked") from None
 
 
 def _replace(handler: grpc.RpcMethodHandler, behavior: Callable[..., Any]) -> grpc.RpcMethodHandler:
@@ -113,7 +131,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if handler is None or method.startswith(self.open_services):
             return handler
         try:
-            identity = await self.authenticator.authenticate(credential_of(details.invocation_metadata))
+            identity = await identify(self.authenticator, credential_of(details.invocation_metadata))
         except AuthError as err:
             return _refuse(handler, RequestError(grpc.StatusCode.UNAUTHENTICATED, str(err), reason="unauthenticated"))
         # The RPC's handler runs in this task: it reads who is calling from here.
