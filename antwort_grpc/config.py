@@ -140,6 +140,9 @@ class ExecutorSettings(BaseSettings):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    # Without a token or mutual TLS an executor listens only on loopback, unless this says a
+    # network policy guards it.
+    allow_unauthenticated: bool = False
 
 
 class HookSettings(BaseSettings):

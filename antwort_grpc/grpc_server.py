@@ -78,6 +78,12 @@ async def start_server(listen: str, spec: ServerSpec) -> Serving:
     return Serving(server, port, host_of(listen), health)
 
 
+def bound_address(listen: str, port: int) -> str:
+    """The address a server listens on, its port filled in: for the log (0.0.0.0 stays 0.0.0.0,
+    every interface), where `Serving.target` is where a client on this machine reaches it."""
+    return f"{listen.rsplit(':', 1)[0]}:{port}"
+
+
 def host_of(listen: str) -> str:
     """The host a client on this machine reaches a listen address at."""
     host = listen.rsplit(":", 1)[0]

@@ -19,7 +19,7 @@ from antwort_grpc.core import Core, Parts, build_core
 from antwort_grpc.engine import Engine
 from antwort_grpc.executors.base import ToolExecutor
 from antwort_grpc.grpc_security import AuthInterceptor, server_credentials
-from antwort_grpc.grpc_server import ServerSpec, Serving, start_server
+from antwort_grpc.grpc_server import ServerSpec, Serving, bound_address, start_server
 from antwort_grpc.observability import Observability
 from antwort_grpc.providers.base import Provider, ProviderHealth
 from antwort_grpc.server.decode import add_parsing_servicer
@@ -148,7 +148,7 @@ async def start_gateway(
         attach = getattr(executor, "attach_health", None)
         if attach is not None:
             await attach(serving.health)
-    log.info("antwort-grpc listening on %s", settings.listen.rsplit(":", 1)[0] + f":{serving.port}")
+    log.info("antwort-grpc listening on %s", bound_address(settings.listen, serving.port))
     gateway = Gateway(serving, core)
     core.start()
     check = getattr(provider, "check_health", None)
