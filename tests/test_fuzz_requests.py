@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +27,9 @@ from hypothesis import strategies as st
 
 from antwort_grpc import pb
 from antwort_grpc.config import GatewaySettings
-from antwort_grpc.executors.base import FunctionExecutor
-from antwort_grpc.providers.scripted import ScriptedProvider, Text
+from antwort_grpc.executors.base import FunctionExecutor, ProgressSink, ToolExecutor
+from antwort_grpc.providers.base import Provider, TurnRequest
+from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text, Turn
 from antwort_grpc.server.app import Gateway, start_gateway
 from antwort_grpc.storage.memory import MemoryStore
 
@@ -222,15 +225,16 @@ class Running:
     errors: Recorded
 
 
-@pytest.fixture(scope="module")
-def gateway() -> Iterator[Running]:
+@contextmanager
+def gateway_in_a_thread(
+    provider: Provider, executors: Sequence[ToolExecutor] = (FunctionExecutor(),), **overrides: Any
+) -> Iterator[Running]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    provider = ScriptedProvider([[Text("fuzzed")]], repeat=True)
-    settings = GatewaySettings(listen="127.0.0.1:0", model="fuzz-model", max_turns=2)
+    settings = GatewaySettings(listen="127.0.0.1:0", **{"model": "fuzz-model", "max_turns": 2, **overrides})
     started = asyncio.run_coroutine_threadsafe(
-        start_gateway(settings, provider=provider, store=MemoryStore(), executors=[FunctionExecutor()]), loop
+        start_gateway(settings, provider=provider, store=MemoryStore(), executors=list(executors)), loop
     ).result(30)
     errors = Recorded()
     logging.getLogger().addHandler(errors)
@@ -244,6 +248,12 @@ def gateway() -> Iterator[Running]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[Running]:
+    with gateway_in_a_thread(ScriptedProvider([[Text("fuzzed")]], repeat=True)) as running:
+        yield running
 
 
 def _outcome(running: Running, raw: bytes) -> tuple[grpc.StatusCode, list[pb.StreamEvent]]:
@@ -306,3 +316,176 @@ def test_generated_requests_reach_every_part_of_the_request() -> None:
     look()
     expected = {"tools", "input_items", "input_text", "tool_choice", "metadata", "previous_response_id"}
     assert expected | {"item.message", "item.function_call_output", "tool.function", "tool.mcp"} <= seen, seen
+
+
+# -- Converse: controls in any order against a running response ------------------------------------
+
+FINAL = {
+    pb.ResponseStatus.RESPONSE_STATUS_COMPLETED,
+    pb.ResponseStatus.RESPONSE_STATUS_INCOMPLETE,
+    pb.ResponseStatus.RESPONSE_STATUS_FAILED,
+    pb.ResponseStatus.RESPONSE_STATUS_CANCELLED,
+    pb.ResponseStatus.RESPONSE_STATUS_REQUIRES_ACTION,
+}
+TERMINAL_EVENTS = {"completed", "incomplete", "failed", "cancelled", "requires_action"}
+CALL_IDS = ["call_0", "call_1", "call_2"]
+
+
+class InstantTool:
+    """A server-side `lookup` tool that answers at once (the calls the controls race with)."""
+
+    @property
+    def kind(self) -> int:
+        return pb.ToolKind.TOOL_KIND_CUSTOM
+
+    async def can_execute(self, tool: pb.Tool) -> bool:
+        return tool.WhichOneof("kind") == "function" and tool.function.name == "lookup"
+
+    async def execute(self, call: pb.FunctionCall, tool: pb.Tool, progress: ProgressSink) -> pb.FunctionCallOutput:
+        await asyncio.sleep(0.005)
+        return pb.FunctionCallOutput(output=f"{call.call_id} looked up")
+
+
+def _model_turn(request: TurnRequest) -> Turn:
+    """A tool call for a user message (ids call_0, call_1, … within a response, so the fuzz can name
+    them in approvals), a few words after tool output; every delta a little late, so the controls
+    arrive while the model streams."""
+    calls = sum(1 for item in request.items if item.HasField("function_call"))
+    last = request.items[-1] if request.items else pb.Item()
+    if last.HasField("function_call_output") or calls >= len(CALL_IDS):
+        return Turn([Text("the answer comes in a few words")], delay=0.002)
+    call = Call.of("lookup", {"q": "x"}, call_id=CALL_IDS[calls])
+    return Turn([Text("let me look"), call], delay=0.002)
+
+
+def _item(text: str) -> pb.Item:
+    part = pb.ContentPart(input_text=pb.InputText(text=text))
+    return pb.Item(message=pb.Message(role=pb.Role.ROLE_USER, content=[part]))
+
+
+WORDS = st.sampled_from(["stop", "also this", "", "x" * 40])
+CONTROLS = st.one_of(
+    st.builds(lambda t: pb.Control(steer=pb.SteerControl(items=[_item(t)])), WORDS),
+    st.builds(lambda t: pb.Control(follow_up=pb.FollowUpControl(items=[_item(t)])), WORDS),
+    st.builds(
+        lambda c, a, r: pb.Control(approval=pb.ApprovalResponse(call_id=c, approve=a, reason=r)),
+        st.sampled_from([*CALL_IDS, "call_unknown", ""]),
+        st.booleans(),
+        st.sampled_from(["", "no"]),
+    ),
+    st.builds(lambda r: pb.Control(pause=pb.PauseControl(reason=r)), st.sampled_from(["", "review"])),
+    st.just(pb.Control(resume=pb.ResumeControl())),
+    st.just(pb.Control(cancel=pb.CancelControl())),
+    st.just(pb.Control()),  # no control at all
+    st.builds(lambda: pb.Control(steer=pb.SteerControl())),  # nothing to steer with
+)
+# A step of the client: a control, or reading the next event before going on.
+STEPS = st.lists(st.one_of(CONTROLS, st.just("read"), st.just("create")), max_size=10)
+
+
+@st.composite
+def conversations(draw: st.DrawFn) -> tuple[pb.CreateResponseRequest, list[pb.Control | str]]:
+    request = pb.CreateResponseRequest(input_text="look it up", store=True)
+    tool = pb.Tool(function=pb.FunctionTool(name="lookup"))
+    if draw(st.booleans()):
+        tool.require_approval.mode = pb.ApprovalMode.APPROVAL_MODE_ALWAYS
+    request.tools.append(tool)
+    return request, draw(STEPS)
+
+
+@pytest.fixture(scope="module")
+def conversing() -> Iterator[Running]:
+    provider = ScriptedProvider([_model_turn], repeat=True)
+    with gateway_in_a_thread(provider, [FunctionExecutor(), InstantTool()], max_turns=6) as running:
+        yield running
+
+
+class Conversation:
+    """One Converse stream from a blocking client: messages go through a queue, so the test decides
+    when each is sent relative to the events it has read."""
+
+    def __init__(self, running: Running) -> None:
+        self.outbox: queue.Queue[pb.ConverseRequest | None] = queue.Queue()
+        stub = pb.ResponsesServiceStub(running.channel)
+        self.call = stub.Converse(iter(self.outbox.get, None), timeout=CALL_TIMEOUT)
+        self.events: list[pb.StreamEvent] = []
+        self.rejected: list[pb.ControlRejected] = []
+        self.ended = False
+
+    def send(self, message: pb.ConverseRequest) -> None:
+        self.outbox.put(message)
+
+    def read(self) -> pb.StreamEvent | None:
+        """The next event (rejections are kept aside); None once the stream has ended."""
+        while not self.ended:
+            try:
+                message = next(self.call)
+            except StopIteration:
+                self.ended = True
+                return None
+            if message.WhichOneof("message") == "rejected":
+                self.rejected.append(message.rejected)
+                continue
+            self.events.append(message.event)
+            return message.event
+        return None
+
+    def finish(self) -> None:
+        """A cooperative client from here on: it resumes what is paused and approves what waits,
+        until the latest response has ended; then it stops sending."""
+        while self.events and self.events[-1].WhichOneof("event") not in TERMINAL_EVENTS:
+            event = self.read()
+            if event is None:
+                return
+            if event.WhichOneof("event") == "paused":
+                self.send(pb.ConverseRequest(control=pb.Control(resume=pb.ResumeControl())))
+            elif event.WhichOneof("event") == "approval_requested":
+                for asked in event.approval_requested.requests:
+                    approve = pb.ApprovalResponse(call_id=asked.call_id, approve=True)
+                    self.send(pb.ConverseRequest(control=pb.Control(approval=approve)))
+        self.outbox.put(None)
+        while self.read() is not None:
+            pass
+
+
+def _response_ids(events: Sequence[pb.StreamEvent]) -> list[str]:
+    return [e.created.response.id for e in events if e.WhichOneof("event") == "created"]
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(conversation=conversations())
+def test_any_interleaving_of_controls_ends_every_response_in_a_final_state(
+    conversing: Running, conversation: tuple[pb.CreateResponseRequest, list[pb.Control | str]]
+) -> None:
+    request, steps = conversation
+    session = Conversation(conversing)
+    session.send(pb.ConverseRequest(create=request))
+    try:
+        session.read()  # the response runs before the controls come
+        for step in steps:
+            if step == "read":
+                session.read()
+            elif step == "create":
+                # A second response while one runs is refused in-band; once it ended, it starts.
+                session.send(pb.ConverseRequest(create=request))
+            else:
+                assert isinstance(step, pb.Control)
+                session.send(pb.ConverseRequest(control=step))
+        session.finish()
+    except grpc.RpcError as err:
+        raise AssertionError(f"the stream failed: {err.code()} {err.details()}") from None
+    assert session.call.code() == grpc.StatusCode.OK, session.call.details()
+    assert session.events[-1].WhichOneof("event") in TERMINAL_EVENTS, [e.WhichOneof("event") for e in session.events]
+    rejected_codes = {grpc.StatusCode.UNKNOWN.value[0], grpc.StatusCode.INTERNAL.value[0]}
+    assert not [r for r in session.rejected if r.code in rejected_codes], session.rejected
+    stub = pb.ResponsesServiceStub(conversing.channel)
+    for response_id in _response_ids(session.events):
+        stored = stub.GetResponse(pb.GetResponseRequest(response_id=response_id), timeout=CALL_TIMEOUT).response
+        assert stored.status in FINAL, (response_id, pb.ResponseStatus.Name(stored.status))
+    assert not conversing.errors.records, [r.getMessage() for r in conversing.errors.records]
