@@ -7,17 +7,23 @@ gateway healthy after."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import logging
 import math
 import queue
+import string
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
+import jwt
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
@@ -26,12 +32,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from antwort_grpc import pb
+from antwort_grpc.auth.identity import AuthError
+from antwort_grpc.auth.jwt_tokens import JwtAuthenticator, JwtSettings
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.executors.base import FunctionExecutor, ProgressSink, ToolExecutor
 from antwort_grpc.providers.base import Provider, TurnRequest
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text, Turn
 from antwort_grpc.server.app import Gateway, start_gateway
 from antwort_grpc.storage.memory import MemoryStore
+from tests.auth_fixtures import AUDIENCE, ISSUER, jwt_settings
 
 CREATE = "/antwort.v1.ResponsesService/CreateResponse"
 # Statuses that say "we did not expect this": a crash, or a wait that never ended.
@@ -489,3 +498,161 @@ def test_any_interleaving_of_controls_ends_every_response_in_a_final_state(
         stored = stub.GetResponse(pb.GetResponseRequest(response_id=response_id), timeout=CALL_TIMEOUT).response
         assert stored.status in FINAL, (response_id, pb.ResponseStatus.Name(stored.status))
     assert not conversing.errors.records, [r.getMessage() for r in conversing.errors.records]
+
+
+# -- JWTs: any header, algorithm, key id and claims --------------------------------------------------
+
+KEYS: dict[str, Any] = {
+    "rsa-1": rsa.generate_private_key(public_exponent=65537, key_size=2048),
+    "ec-1": ec.generate_private_key(ec.SECP256R1()),
+    "ec-384": ec.generate_private_key(ec.SECP384R1()),
+    "ed-1": ed25519.Ed25519PrivateKey.generate(),
+}
+# Keys the gateway does not know, and a shared secret (an HMAC "key" published in the JWKS).
+STRANGERS: dict[str, Any] = {"stranger": rsa.generate_private_key(public_exponent=65537, key_size=2048)}
+SECRET = b"a-shared-secret-of-32-bytes-long!"
+# The algorithm each of the gateway's keys signs with.
+SIGNS_WITH = {"rsa-1": "RS256", "ec-1": "ES256", "ec-384": "ES384", "ed-1": "EdDSA"}
+ACCEPTED = "RS256,PS256,ES256,ES384,EdDSA"
+NOW = 1_700_000_000  # fixed and past: the tokens do not depend on when the test runs…
+FUTURE, PAST = 4_102_444_800, 1_000_000_000  # …and a valid token expires long after it
+
+
+def jwks_document() -> str:
+    keys: list[dict[str, Any]] = []
+    for kid, key in KEYS.items():
+        algorithm = jwt.get_algorithm_by_name(SIGNS_WITH[kid])
+        keys.append({**json.loads(algorithm.to_jwk(key.public_key())), "kid": kid, "use": "sig"})
+    oct_key = base64.urlsafe_b64encode(SECRET).rstrip(b"=").decode()
+    keys.append({"kty": "oct", "k": oct_key, "kid": "oct-1", "alg": "HS256"})
+    return json.dumps({"keys": keys})
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+MISSING = object()
+
+
+def _pick(valid: Any, *others: Any) -> st.SearchStrategy[Any]:
+    return st.sampled_from([valid, *others])
+
+
+@st.composite
+def tokens(draw: st.DrawFn) -> str:
+    """A bearer credential: a valid JWT, one with one thing wrong, one with anything anywhere, or
+    not a JWT at all; sometimes damaged after signing."""
+    how = draw(st.sampled_from(["valid", "one thing wrong", "one thing wrong", "anything", "not a jwt"]))
+    if how == "not a jwt":
+        return draw(st.text(alphabet=string.ascii_letters + string.digits + "-_.=", min_size=1, max_size=60))
+    kid = draw(st.sampled_from(list(KEYS)))
+    header: dict[str, Any] = {"alg": SIGNS_WITH[kid], "kid": kid, "typ": "JWT"}
+    claims: dict[str, Any] = {"iss": ISSUER, "aud": AUDIENCE, "sub": "alice", "exp": FUTURE, "iat": NOW}
+    signer, algorithm = KEYS[kid], SIGNS_WITH[kid]
+    choices: dict[str, st.SearchStrategy[Any]] = {
+        "alg": _pick(
+            "RS256", "RS512", "PS256", "ES256", "ES384", "ES512", "EdDSA", "HS256", "none", "", "rs256", 5, MISSING
+        ),
+        "kid": _pick(kid, *KEYS, "oct-1", "unknown", "", 7, ["rsa-1"], MISSING),
+        "typ": _pick("JWT", "at+jwt", 1, MISSING),
+        "crit": _pick(MISSING, ["exp"], "exp"),
+        "iss": _pick(ISSUER, "https://evil.test", "", 3, ["x"], MISSING),
+        "aud": _pick(AUDIENCE, [AUDIENCE, "other"], "other", [], 5, {"a": 1}, MISSING),
+        "sub": _pick("alice", "", 42, {"a": 1}, None, MISSING),
+        "exp": _pick(FUTURE, PAST, "soon", 1e30, -1, True, None, MISSING),
+        "nbf": _pick(MISSING, FUTURE, PAST, "x"),
+        "tenant": _pick(MISSING, "acme", 3, ["a"]),
+        "signer": _pick("own", "other key", "stranger", "secret", "random", "empty"),
+    }
+    names = list(choices)
+    changed = {draw(st.sampled_from(names))} if how == "one thing wrong" else set(names) if how == "anything" else set()
+    for name in changed:
+        value = draw(choices[name])
+        target = header if name in ("alg", "kid", "typ", "crit") else claims
+        if name == "signer":
+            if value == "other key":
+                other = draw(st.sampled_from(list(KEYS)))
+                signer, algorithm = KEYS[other], SIGNS_WITH[other]
+            elif value == "stranger":
+                signer, algorithm = STRANGERS["stranger"], "RS256"
+            elif value == "secret":
+                signer, algorithm = SECRET, "HS256"
+            elif value in ("random", "empty"):
+                signer, algorithm = None, value
+        elif value is MISSING:
+            target.pop(name, None)
+        else:
+            target[name] = value
+    signing_input = f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}"
+    if algorithm == "random":
+        signature = draw(st.binary(min_size=1, max_size=300))
+    elif algorithm == "empty":
+        signature = b""
+    else:
+        signature = jwt.get_algorithm_by_name(algorithm).sign(signing_input.encode(), signer)
+    token = f"{signing_input}.{_b64(signature)}"
+    damage = draw(st.sampled_from(["none", "none", "none", "flip", "cut", "extra segment", "no signature"]))
+    if damage == "flip":
+        at = draw(st.integers(0, len(token) - 1))
+        token = token[:at] + ("A" if token[at] != "A" else "B") + token[at + 1 :]
+    elif damage == "cut":
+        token = token[: draw(st.integers(1, len(token) - 1))]
+    elif damage == "extra segment":
+        token += ".e30"
+    elif damage == "no signature":
+        token = signing_input + "."
+    return token
+
+
+@pytest.fixture(scope="module")
+def jwt_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    jwks = tmp_path_factory.mktemp("jwt") / "jwks.json"
+    jwks.write_text(jwks_document())
+    provider = ScriptedProvider([[Text("authenticated")]], repeat=True)
+    with gateway_in_a_thread(provider, **jwt_settings(jwt_jwks=str(jwks), jwt_algorithms=ACCEPTED)) as running:
+        yield running
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(token=tokens())
+def test_any_bearer_token_is_either_let_in_or_unauthenticated(jwt_gateway: Running, token: str) -> None:
+    stub = pb.ResponsesServiceStub(jwt_gateway.channel)
+    request = pb.CreateResponseRequest(input_text="hi", store=False)
+    try:
+        for _ in stub.CreateResponse(request, metadata=(("authorization", f"Bearer {token}"),), timeout=CALL_TIMEOUT):
+            pass
+    except grpc.RpcError as err:
+        assert err.code() == grpc.StatusCode.UNAUTHENTICATED, (err.code(), err.details(), token)
+    assert not jwt_gateway.errors.records, [r.getMessage() for r in jwt_gateway.errors.records]
+
+
+def test_generated_tokens_are_let_in_and_refused_for_many_reasons(tmp_path: Path) -> None:
+    """The generator is not stuck on a corner: some tokens are valid, and the refused ones fail in
+    many different checks. The authenticator, called directly, raises nothing but AuthError."""
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text(jwks_document())
+    authenticator = JwtAuthenticator(
+        JwtSettings(issuer=ISSUER, audience=AUDIENCE, algorithms=tuple(ACCEPTED.split(",")), jwks=str(jwks))
+    )
+    outcomes: list[str] = []
+
+    @settings(max_examples=300, deadline=None, database=None, derandomize=True)
+    @given(tokens())
+    def check(token: str) -> None:
+        try:
+            identity = asyncio.run(authenticator.authenticate(token))
+        except AuthError as err:
+            outcomes.append(str(err))
+        else:
+            outcomes.append(f"let in as {identity.principal}")
+
+    check()
+    assert "let in as alice" in outcomes
+    assert len(set(outcomes)) >= 8, sorted(set(outcomes))
