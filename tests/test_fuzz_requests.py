@@ -2,7 +2,11 @@
 (every field, oneof, nested item and tool, free-form Structs with NaN and odd `$schema`s), sent as
 they are or with their bytes mutated. Whatever arrives, the answer is a typed status or a stream
 that ends properly: never UNKNOWN or INTERNAL, never a hang, nothing logged as an error, and the
-gateway healthy after."""
+gateway healthy after.
+
+The same for Converse (controls in any order against a running response: every response still
+ends, and is stored in a final status) and for bearer JWTs (any header, algorithm, key id, claims
+and signature: let in, or UNAUTHENTICATED). Every run draws the same examples."""
 
 from __future__ import annotations
 
@@ -46,6 +50,13 @@ CREATE = "/antwort.v1.ResponsesService/CreateResponse"
 # Statuses that say "we did not expect this": a crash, or a wait that never ended.
 FORBIDDEN = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.DEADLINE_EXCEEDED}
 CALL_TIMEOUT = 10.0
+# Every fuzz run: the same examples each time (derandomized, no example database), a few seconds.
+FUZZ: dict[str, Any] = {
+    "deadline": None,
+    "derandomize": True,
+    "database": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+}
 MAX_DEPTH = 3
 
 # -- generating messages from descriptors ----------------------------------------------------------
@@ -278,11 +289,7 @@ def _outcome(running: Running, raw: bytes) -> tuple[grpc.StatusCode, list[pb.Str
     return grpc.StatusCode.OK, events
 
 
-@settings(
-    max_examples=300,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
-)
+@settings(max_examples=120, **FUZZ)
 @given(raw=request_bytes())
 def test_any_request_gets_a_typed_answer(gateway: Running, raw: bytes) -> None:
     code, events = _outcome(gateway, raw)
@@ -461,13 +468,7 @@ def _response_ids(events: Sequence[pb.StreamEvent]) -> list[str]:
     return [e.created.response.id for e in events if e.WhichOneof("event") == "created"]
 
 
-@settings(
-    max_examples=40,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+@settings(max_examples=40, **FUZZ)
 @given(conversation=conversations())
 def test_any_interleaving_of_controls_ends_every_response_in_a_final_state(
     conversing: Running, conversation: tuple[pb.CreateResponseRequest, list[pb.Control | str]]
@@ -614,13 +615,7 @@ def jwt_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         yield running
 
 
-@settings(
-    max_examples=150,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+@settings(max_examples=150, **FUZZ)
 @given(token=tokens())
 def test_any_bearer_token_is_either_let_in_or_unauthenticated(jwt_gateway: Running, token: str) -> None:
     stub = pb.ResponsesServiceStub(jwt_gateway.channel)
