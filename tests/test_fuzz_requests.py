@@ -416,6 +416,11 @@ def conversing() -> Iterator[Running]:
         yield running
 
 
+# The response waits for its client after these events: reading on before answering would wait
+# until the deadline (the client's own doing, not a hung stream).
+WAITING_FOR_THE_CLIENT = {"paused", "approval_requested"}
+
+
 class Conversation:
     """One Converse stream from a blocking client: messages go through a queue, so the test decides
     when each is sent relative to the events it has read."""
@@ -426,42 +431,62 @@ class Conversation:
         self.call = stub.Converse(iter(self.outbox.get, None), timeout=CALL_TIMEOUT)
         self.events: list[pb.StreamEvent] = []
         self.rejected: list[pb.ControlRejected] = []
+        self.creates = 0
         self.ended = False
 
     def send(self, message: pb.ConverseRequest) -> None:
+        if message.WhichOneof("message") == "create":
+            self.creates += 1
         self.outbox.put(message)
 
-    def read(self) -> pb.StreamEvent | None:
-        """The next event (rejections are kept aside); None once the stream has ended."""
-        while not self.ended:
-            try:
-                message = next(self.call)
-            except StopIteration:
-                self.ended = True
-                return None
-            if message.WhichOneof("message") == "rejected":
-                self.rejected.append(message.rejected)
-                continue
+    @property
+    def last(self) -> str:
+        return self.events[-1].WhichOneof("event") or "" if self.events else ""
+
+    @property
+    def running(self) -> bool:
+        """A response runs, or a create sent has been neither refused nor started yet."""
+        started = sum(1 for e in self.events if e.WhichOneof("event") == "created")
+        refused = sum(1 for r in self.rejected if r.reason == "response_in_progress")
+        return self.last not in TERMINAL_EVENTS or started + refused < self.creates
+
+    def read(self) -> None:
+        """The next message: an event or a rejection (kept aside)."""
+        try:
+            message = next(self.call)
+        except StopIteration:
+            self.ended = True
+            return
+        if message.WhichOneof("message") == "rejected":
+            self.rejected.append(message.rejected)
+        else:
             self.events.append(message.event)
-            return message.event
-        return None
+
+    def read_if_it_comes(self) -> None:
+        """Read on, unless nothing comes until the client acts or no response runs."""
+        if self.running and self.last not in WAITING_FOR_THE_CLIENT:
+            self.read()
 
     def finish(self) -> None:
         """A cooperative client from here on: it resumes what is paused and approves what waits,
-        until the latest response has ended; then it stops sending."""
-        while self.events and self.events[-1].WhichOneof("event") not in TERMINAL_EVENTS:
-            event = self.read()
-            if event is None:
-                return
-            if event.WhichOneof("event") == "paused":
-                self.send(pb.ConverseRequest(control=pb.Control(resume=pb.ResumeControl())))
-            elif event.WhichOneof("event") == "approval_requested":
-                for asked in event.approval_requested.requests:
-                    approve = pb.ApprovalResponse(call_id=asked.call_id, approve=True)
-                    self.send(pb.ConverseRequest(control=pb.Control(approval=approve)))
+        until no response runs; then it stops sending and reads the stream to its end."""
+        answered = -1
+        while self.running and not self.ended:
+            if self.last in WAITING_FOR_THE_CLIENT and answered != len(self.events):
+                answered = len(self.events)
+                self._answer(self.events[-1])
+            self.read()
         self.outbox.put(None)
-        while self.read() is not None:
-            pass
+        while not self.ended:
+            self.read()
+
+    def _answer(self, event: pb.StreamEvent) -> None:
+        if event.WhichOneof("event") == "paused":
+            self.send(pb.ConverseRequest(control=pb.Control(resume=pb.ResumeControl())))
+            return
+        for asked in event.approval_requested.requests:
+            approve = pb.ApprovalResponse(call_id=asked.call_id, approve=True)
+            self.send(pb.ConverseRequest(control=pb.Control(approval=approve)))
 
 
 def _response_ids(events: Sequence[pb.StreamEvent]) -> list[str]:
@@ -480,7 +505,7 @@ def test_any_interleaving_of_controls_ends_every_response_in_a_final_state(
         session.read()  # the response runs before the controls come
         for step in steps:
             if step == "read":
-                session.read()
+                session.read_if_it_comes()
             elif step == "create":
                 # A second response while one runs is refused in-band; once it ended, it starts.
                 session.send(pb.ConverseRequest(create=request))
