@@ -1,6 +1,8 @@
 """Prometheus metrics of the gateway, scraped by a real Prometheus server while a few
 conversations run (a server-side tool on a real executor service, a streamed answer, a backend
-failure), checked with PromQL over its HTTP API; the exposition passes `promtool check metrics`."""
+failure), checked with PromQL over its HTTP API; the exposition passes `promtool check metrics`.
+A gateway process against the fake OpenAI-compatible backend records a model call the same,
+streamed or not, in its metrics and in the spans it exports to a real OTLP receiver."""
 
 from __future__ import annotations
 
@@ -8,15 +10,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
+import grpc
 
 from antwort_grpc import pb
 from antwort_grpc.executors.base import FunctionExecutor
 from antwort_grpc.executors.remote import RemoteExecutor
 from antwort_grpc.providers.base import ProviderError, TurnRequest
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text, Turn
+from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply
 from antwort_grpc.tool_services.sdk import serve_executor
-from tests.executors.remote_services import FAST, Forecasts, tools_request
-from tests.harness import running_gateway, user
+from tests.executors.remote_services import FAST, Forecasts, free_port, start_process, stop_process, tools_request
+from tests.harness import collect, running_gateway, user
+from tests.otlp_receiver import otlp_receiver
 from tests.prometheus_server import Vector, prometheus, promtool_check_metrics
 
 S = pb.ResponseStatus
@@ -92,3 +97,54 @@ async def test_prometheus_scrapes_the_gateway_during_conversations(tmp_path: Pat
     finally:
         await remote.close()
         await service.stop(0)
+
+
+async def test_a_completed_model_call_is_recorded_the_same_streamed_or_not(tmp_path: Path) -> None:
+    # The real provider over HTTP. An answer without a single delta hands the engine its TurnEnd
+    # first, and the engine (waiting for it: the backend answers late) stops reading there: the
+    # model call's stream is closed, not run out.
+    answers = [Reply(text="one two three four", first_delay=0.3), Reply(text="", first_delay=0.3)]
+    backend = FakeOpenAI(*[answer for answer in answers for _ in ("streamed", "not streamed")])
+    metrics_port = free_port()
+    traces = {
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_SERVICE_NAME": "gateway",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    async with otlp_receiver() as (receiver, endpoint), backend:
+        gateway = await start_process(
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            "memory",
+            "--backend-url",
+            backend.url,
+            "--model",
+            "m1",
+            "--metrics-listen",
+            f"127.0.0.1:{metrics_port}",
+            env={**traces, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint},
+        )
+        try:
+            async with (
+                grpc.aio.insecure_channel(gateway.target) as channel,
+                prometheus(tmp_path, [f"127.0.0.1:{metrics_port}"]) as prom,
+            ):
+                stub = pb.ResponsesServiceStub(channel)
+                for _ in answers:
+                    for stream in (True, False):
+                        request = pb.CreateResponseRequest(input_text="count to four", stream=stream)
+                        events = await collect(stub.CreateResponse(request, timeout=60))
+                        assert events[-1].WhichOneof("event") == "completed"
+                calls = await prom.until(
+                    "sum by (error_type) (gen_ai_client_operation_duration_seconds_count)",
+                    lambda r: sum(values(r, "error_type").values()) >= 4,
+                )
+                assert values(calls, "error_type") == {"": 4}, "every call completed: none has an error type"
+                assert await prom.query("antwort_backend_errors_total") == []
+                spans = await receiver.wait_for(lambda spans: sum(s.name == "chat m1" for s in spans) >= 4)
+        finally:
+            await stop_process(gateway.proc, graceful=True)
+    chats = [(s.status, s.status_message, s.attributes.get("error.type")) for s in spans if s.name == "chat m1"]
+    assert chats == [(0, "", None)] * 4, "no model-call span ends in an error"
