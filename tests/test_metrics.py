@@ -22,7 +22,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from antwort_grpc import pb
 from antwort_grpc.executors.base import FunctionExecutor
 from antwort_grpc.executors.remote import RemoteExecutor
-from antwort_grpc.providers.base import ProviderError, TurnRequest
+from antwort_grpc.observability.metrics import Metrics
+from antwort_grpc.observability.wrappers import ObservedProvider
+from antwort_grpc.providers.base import ProviderError, TurnEnd, TurnRequest
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text, Turn
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply
 from antwort_grpc.tool_services.sdk import serve_executor
@@ -263,3 +265,28 @@ async def test_prometheus_sees_every_rpc_by_status_the_refused_requests_and_the_
                 exposition = await r.text()
             check = promtool_check_metrics(exposition)
             assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
+
+
+def model_calls(metrics: Metrics) -> dict[str, float]:
+    """gen_ai_client_operation_duration_seconds' count by error_type."""
+    return {
+        sample.labels["error_type"]: sample.value
+        for family in metrics.registry.collect()
+        if family.name == "gen_ai_client_operation_duration_seconds"
+        for sample in family.samples
+        if sample.name.endswith("_count")
+    }
+
+
+async def test_a_stream_closed_right_after_its_turn_end_is_a_completed_model_call() -> None:
+    metrics = Metrics()
+    answer = Turn([Text("three little words")], usage=pb.Usage(input_tokens=3, output_tokens=3))
+    observed = ObservedProvider(ScriptedProvider([answer, answer]), metrics, None)
+    turn = TurnRequest(model="m", instructions="", items=[], tools=[])
+    stream = observed.stream(turn)
+    async for event in stream:
+        if isinstance(event, TurnEnd):
+            break  # as the engine does: the turn is over, nothing more is read
+    await stream.aclose()
+    await observed.complete(turn)
+    assert model_calls(metrics) == {"": 2}
