@@ -73,11 +73,13 @@ class Watch:
         edge = self._edge
         limit = edge.limit
         if limit is not None and not limit.acquire(self._principal):
-            raise RequestError(
+            refusal = RequestError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"at most {limit.limit} responses may run at once for one caller",
                 reason="too_many_responses",
             )
+            edge.refused(self._method, refusal)
+            raise refusal
         if edge.observer is not None:
             observation = self._observation = edge.observer.begin(self._method, self._metadata)
             current_observation.set(observation)
@@ -85,8 +87,10 @@ class Watch:
                 self._token = otel_context.attach(trace.set_span_in_context(observation.span))
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(self, kind: object, error: object, traceback: object) -> None:
         edge = self._edge
+        if isinstance(error, RequestError) and self.cut == "refused":
+            edge.refused(self._method, error)
         if edge.observer is not None and self._observation is not None:
             edge.observer.end(self._observation, self.cut)
         if self._token is not None:
@@ -104,6 +108,11 @@ class Watch:
         """The stream ran to its end (not cut)."""
         self.cut = "stream_ended"
 
+    def refused(self, error: RequestError) -> None:
+        """A response this stream asked for was refused before it started (a Converse session
+        answers such a create in-band, or ends with it when it is the first)."""
+        self._edge.refused(self._method, error)
+
 
 class Edge:
     def __init__(
@@ -120,7 +129,7 @@ class Edge:
     def authenticates(self) -> bool:
         return self.authenticator is not None
 
-    async def identify(self, credential: str | AuthError) -> Identity:
+    async def identify(self, credential: str | AuthError, method: str = "") -> Identity:
         """The caller a credential names (or the door's reason it has none); UNAUTHENTICATED else."""
         assert self.authenticator is not None
         try:
@@ -128,7 +137,14 @@ class Edge:
                 raise credential
             return await identify(self.authenticator, credential)
         except AuthError as err:
-            raise RequestError(grpc.StatusCode.UNAUTHENTICATED, str(err), reason="unauthenticated") from None
+            refusal = RequestError(grpc.StatusCode.UNAUTHENTICATED, str(err), reason="unauthenticated")
+            self.refused(method, refusal)
+            raise refusal from None
+
+    def refused(self, method: str, error: RequestError) -> None:
+        """A request refused before it started, counted whichever part of a door refused it."""
+        if self.observer is not None:
+            self.observer.refused(method, error)
 
     def stream(self, method: str, identity: Identity | None, metadata: Metadata) -> Watch:
         """A response stream of `identity`'s, to enter with `async with` (see Watch)."""

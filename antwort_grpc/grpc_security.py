@@ -117,9 +117,16 @@ def _refuse(handler: grpc.RpcMethodHandler, err: RequestError) -> grpc.RpcMethod
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self, authenticator: Authenticator, open_services: tuple[str, ...] = OPEN_SERVICES) -> None:
+    def __init__(
+        self,
+        authenticator: Authenticator,
+        open_services: tuple[str, ...] = OPEN_SERVICES,
+        refused: Callable[[str, RequestError], None] | None = None,
+    ) -> None:
         self.authenticator = authenticator
         self.open_services = open_services
+        # Told of each call refused here (the method's name, the error): the gateway counts them.
+        self.refused = refused
 
     async def intercept_service(
         self,
@@ -133,7 +140,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         try:
             identity = await identify(self.authenticator, credential_of(details.invocation_metadata))
         except AuthError as err:
-            return _refuse(handler, RequestError(grpc.StatusCode.UNAUTHENTICATED, str(err), reason="unauthenticated"))
+            refusal = RequestError(grpc.StatusCode.UNAUTHENTICATED, str(err), reason="unauthenticated")
+            if self.refused is not None:
+                self.refused(method.rpartition("/")[2], refusal)
+            return _refuse(handler, refusal)
         # The RPC's handler runs in this task: it reads who is calling from here.
         current_identity.set(identity)
         return handler

@@ -21,6 +21,7 @@ from antwort_grpc.executors.base import ToolExecutor
 from antwort_grpc.grpc_security import AuthInterceptor, server_credentials
 from antwort_grpc.grpc_server import ServerSpec, Serving, bound_address, start_server
 from antwort_grpc.observability import Observability
+from antwort_grpc.observability.rpc_metrics import RpcMetricsInterceptor
 from antwort_grpc.providers.base import Provider, ProviderHealth
 from antwort_grpc.server.decode import add_parsing_servicer
 from antwort_grpc.server.servicer import ResponsesServicer
@@ -131,11 +132,21 @@ async def start_gateway(
     credentials = server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
     core = await build_core(settings, Parts(provider, store, list(executors)))
     servicer = ResponsesServicer(core.responses, core.edge)
+    edge = core.edge
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    metrics = core.observability.metrics if core.observability is not None else None
+    if metrics is not None:
+        # First: it times and counts every call, the ones the interceptors after it refuse too.
+        interceptors.append(RpcMetricsInterceptor(metrics))
+    if core.authenticator is not None:
+        interceptors.append(AuthInterceptor(core.authenticator, refused=edge.refused))
     spec = ServerSpec(
         services=[RESPONSES_SERVICE],
-        add_services=lambda server: add_parsing_servicer(pb.add_ResponsesServiceServicer_to_server, servicer, server),
+        add_services=lambda server: add_parsing_servicer(
+            pb.add_ResponsesServiceServicer_to_server, servicer, server, refused=edge.refused
+        ),
         credentials=credentials,
-        interceptors=[AuthInterceptor(core.authenticator)] if core.authenticator is not None else [],
+        interceptors=interceptors,
         reflection=settings.reflection,
     )
     try:

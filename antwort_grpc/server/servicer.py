@@ -161,6 +161,7 @@ class _Session:
             first = True
             while (request := await self.creates.get()) is not None:
                 if isinstance(request, RequestError):
+                    self.watch.refused(request)
                     await abort(self.context, request)
                     return
                 request.stream = True  # a session always streams its events
@@ -174,6 +175,7 @@ class _Session:
                     )
                 except RequestError as err:
                     self.early = None
+                    self.watch.refused(err)
                     if first:
                         await abort(self.context, err)
                     await self._reject(err)
