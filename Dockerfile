@@ -3,8 +3,10 @@
 #   docker run -e ANTWORT_AUTH=api_key -e ANTWORT_API_KEYS_FILE=… antwort-grpc:0.1.0   # serve
 #   (without authentication the gateway refuses its 0.0.0.0 address unless
 #    ANTWORT_ALLOW_UNAUTHENTICATED=true)
-#   docker run antwort-grpc:0.1.0 executor sandbox       # code_interpreter
-#   docker run antwort-grpc:0.1.0 executor mcp           # MCP bridge
+#   docker run -e ANTWORT_EXECUTOR_TOKEN_FILE=… antwort-grpc:0.1.0 executor sandbox   # code_interpreter
+#   docker run -e ANTWORT_EXECUTOR_TOKEN_FILE=… antwort-grpc:0.1.0 executor mcp       # MCP bridge
+#   (an executor, too, refuses its 0.0.0.0 address without a token or mutual TLS unless
+#    ANTWORT_EXECUTOR_ALLOW_UNAUTHENTICATED=true)
 # The local-model extra (llama.cpp and model weights) is left out: in a cluster the gateway talks
 # to a model server (vLLM, Ollama, LiteLLM) over ANTWORT_BACKEND_URL.
 

@@ -46,7 +46,7 @@ class GatewaySettings(BaseSettings):
     # The memory store's bounds (oldest finished responses evicted past either).
     memory_max_responses: int = 10_000
     memory_max_bytes: int = 256 * 1024 * 1024
-    # What one request may hold (README: Limits); checked before any work starts.
+    # What one request may hold (docs/limits.md); checked before any work starts.
     max_tools: int = 128
     max_schema_bytes: int = 64 * 1024
     max_schema_depth: int = 20
@@ -152,6 +152,9 @@ class ExecutorSettings(BaseSettings):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    # Without a token or mutual TLS an executor listens only on loopback, unless this says a
+    # network policy guards it.
+    allow_unauthenticated: bool = False
 
 
 class HookSettings(BaseSettings):

@@ -9,8 +9,7 @@ raised here into its own errors.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection
-from contextlib import asynccontextmanager
+from collections.abc import Collection
 from typing import Any
 
 import grpc
@@ -20,6 +19,7 @@ from opentelemetry import trace
 from antwort_grpc import pb
 from antwort_grpc.auth.identity import Authenticator, AuthError, Identity
 from antwort_grpc.errors import RequestError
+from antwort_grpc.grpc_security import identify
 from antwort_grpc.observability.context import Observation, current_observation
 from antwort_grpc.observability.observer import Observer
 
@@ -49,26 +49,69 @@ class ConcurrencyLimit:
 
 
 class Watch:
-    """One response stream as the edge sees it: every event it carries goes through `saw`."""
+    """One response stream as the edge sees it, entered with `async with` for as long as it runs:
+    a slot of its principal's limit (RESOURCE_EXHAUSTED when none is free) and its observation
+    (current for the stream's task and every task it starts, so model and tool calls hang under
+    its span). Every event it carries goes through `saw` when `observing`.
 
-    __slots__ = ("_metadata", "_observation", "_observer", "cut")
+    A plain class rather than an asynccontextmanager: it is entered once per response."""
 
-    def __init__(self, observer: Observer | None, observation: Observation | None, metadata: Metadata) -> None:
-        self._observer = observer
-        self._observation = observation
+    __slots__ = ("_edge", "_metadata", "_method", "_observation", "_principal", "_token", "cut", "observing")
+
+    def __init__(self, edge: Edge, method: str, identity: Identity | None, metadata: Metadata) -> None:
+        self._edge = edge
+        self._method = method
+        self._principal = identity.principal if identity is not None else ""
         self._metadata = metadata
+        self._observation: Observation | None = None
+        self._token: object | None = None
+        self.observing = edge.observer is not None
         # How the stream ended if it ends early: refused before its first event, or cut after it.
         self.cut = "refused"
 
+    async def __aenter__(self) -> Watch:
+        edge = self._edge
+        limit = edge.limit
+        if limit is not None and not limit.acquire(self._principal):
+            refusal = RequestError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"at most {limit.limit} responses may run at once for one caller",
+                reason="too_many_responses",
+            )
+            edge.refused(self._method, refusal)
+            raise refusal
+        if edge.observer is not None:
+            observation = self._observation = edge.observer.begin(self._method, self._metadata)
+            current_observation.set(observation)
+            if observation.span is not None:
+                self._token = otel_context.attach(trace.set_span_in_context(observation.span))
+        return self
+
+    async def __aexit__(self, kind: object, error: object, traceback: object) -> None:
+        edge = self._edge
+        if isinstance(error, RequestError) and self.cut == "refused":
+            edge.refused(self._method, error)
+        if edge.observer is not None and self._observation is not None:
+            edge.observer.end(self._observation, self.cut)
+        if self._token is not None:
+            otel_context.detach(self._token)  # type: ignore[arg-type]
+        if edge.limit is not None:
+            edge.limit.release(self._principal)
+
     def saw(self, event: pb.StreamEvent) -> None:
         self.cut = "client_gone"
-        if self._observer is not None:
+        if self._edge.observer is not None:
             assert self._observation is not None
-            self._observer.event(self._observation, event, self._metadata)
+            self._edge.observer.event(self._observation, event, self._metadata)
 
     def ended(self) -> None:
         """The stream ran to its end (not cut)."""
         self.cut = "stream_ended"
+
+    def refused(self, error: RequestError) -> None:
+        """A response this stream asked for was refused before it started (a Converse session
+        answers such a create in-band, or ends with it when it is the first)."""
+        self._edge.refused(self._method, error)
 
 
 class Edge:
@@ -86,43 +129,23 @@ class Edge:
     def authenticates(self) -> bool:
         return self.authenticator is not None
 
-    async def identify(self, credential: str | AuthError) -> Identity:
+    async def identify(self, credential: str | AuthError, method: str = "") -> Identity:
         """The caller a credential names (or the door's reason it has none); UNAUTHENTICATED else."""
         assert self.authenticator is not None
         try:
             if isinstance(credential, AuthError):
                 raise credential
-            return await self.authenticator.authenticate(credential)
+            return await identify(self.authenticator, credential)
         except AuthError as err:
-            raise RequestError(grpc.StatusCode.UNAUTHENTICATED, str(err), reason="unauthenticated") from None
+            refusal = RequestError(grpc.StatusCode.UNAUTHENTICATED, str(err), reason="unauthenticated")
+            self.refused(method, refusal)
+            raise refusal from None
 
-    @asynccontextmanager
-    async def stream(self, method: str, identity: Identity | None, metadata: Metadata) -> AsyncIterator[Watch]:
-        """A response stream of `identity`'s: a slot of their limit for as long as it runs
-        (RESOURCE_EXHAUSTED when none is free), and its observation (current for the stream's
-        task and every task it starts, so model and tool calls hang under its span)."""
-        principal = identity.principal if identity is not None else ""
-        limit = self.limit
-        if limit is not None and not limit.acquire(principal):
-            raise RequestError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"at most {limit.limit} responses may run at once for one caller",
-                reason="too_many_responses",
-            )
-        observer = self.observer
-        observation = observer.begin(method, metadata) if observer is not None else None
-        token = None
-        if observation is not None:
-            current_observation.set(observation)
-            if observation.span is not None:
-                token = otel_context.attach(trace.set_span_in_context(observation.span))
-        watch = Watch(observer, observation, metadata)
-        try:
-            yield watch
-        finally:
-            if observer is not None and observation is not None:
-                observer.end(observation, watch.cut)
-            if token is not None:
-                otel_context.detach(token)
-            if limit is not None:
-                limit.release(principal)
+    def refused(self, method: str, error: RequestError) -> None:
+        """A request refused before it started, counted whichever part of a door refused it."""
+        if self.observer is not None:
+            self.observer.refused(method, error)
+
+    def stream(self, method: str, identity: Identity | None, metadata: Metadata) -> Watch:
+        """A response stream of `identity`'s, to enter with `async with` (see Watch)."""
+        return Watch(self, method, identity, metadata)

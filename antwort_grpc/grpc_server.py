@@ -1,19 +1,31 @@
 """One way to serve gRPC: a grpc.aio server with the health service and reflection, listening on
 one address (plaintext or TLS). The gateway, hook services and tool executors all start theirs
-here, so message limits, health and reflection behave the same in every program."""
+here, so message limits, health and reflection behave the same in every program.
+
+Health answers Check, Watch and List. Reflection is served as `grpc.reflection.v1` (what current
+grpcurl, grpc-go and grpc-java ask first) and `grpc.reflection.v1alpha` (what older clients ask):
+grpcio-reflection implements v1alpha only, and v1 is the same protocol under another package name
+(the same messages, field for field), so its servicer answers both.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
+from grpc_reflection.v1alpha._async import ReflectionServicer
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+REFLECTION_V1ALPHA = reflection.SERVICE_NAME
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+_V1_FILE = "grpc/reflection/v1/reflection.proto"
 # The most one message may hold, either way (a request with its tools and history, a call's code).
 DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 
@@ -31,6 +43,58 @@ class ServerSpec:
     options: Sequence[tuple[str, int | str]] = ()
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     reflection: bool = True
+
+
+class Health(HealthServicer):  # type: ignore[misc]
+    """grpcio-health-checking's servicer (its async one answers List UNIMPLEMENTED), with List."""
+
+    async def List(self, request: health_pb2.HealthListRequest, context: Any) -> health_pb2.HealthListResponse:
+        # The statuses the servicer keeps (grpcio-health-checking is pinned: its attribute is known).
+        statuses = dict(self._server_status)
+        return health_pb2.HealthListResponse(
+            statuses={name: health_pb2.HealthCheckResponse(status=status) for name, status in statuses.items()}
+        )
+
+
+def _add_reflection_v1_file(pool: Any) -> None:
+    """grpc.reflection.v1's file in `pool` (so reflection describes it too): v1alpha's, renamed."""
+    try:
+        pool.FindFileByName(_V1_FILE)
+        return
+    except KeyError:
+        pass
+    proto = descriptor_pb2.FileDescriptorProto()
+    reflection_pb2.DESCRIPTOR.CopyToProto(proto)
+    old, new = f".{proto.package}.", ".grpc.reflection.v1."
+    proto.name, proto.package = _V1_FILE, "grpc.reflection.v1"
+    proto.options.java_package = "io.grpc.reflection.v1"
+    proto.options.go_package = "google.golang.org/grpc/reflection/grpc_reflection_v1"
+    for message in proto.message_type:
+        for field in message.field:
+            if field.HasField("type_name"):
+                field.type_name = field.type_name.replace(old, new, 1)
+    for service in proto.service:
+        for method in service.method:
+            method.input_type = method.input_type.replace(old, new, 1)
+            method.output_type = method.output_type.replace(old, new, 1)
+    pool.Add(proto)
+
+
+def enable_reflection(service_names: Sequence[str], server: grpc.aio.Server) -> None:
+    """Reflection v1 and v1alpha, listing `service_names` and themselves."""
+    pool = descriptor_pool.Default()
+    _add_reflection_v1_file(pool)
+    servicer = ReflectionServicer([*service_names, REFLECTION_V1, REFLECTION_V1ALPHA], pool=pool)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
+    # v1's messages are v1alpha's on the wire: the same (de)serializers serve it.
+    info = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": info}),)
+    )
 
 
 @dataclass
@@ -61,10 +125,10 @@ async def start_server(listen: str, spec: ServerSpec) -> Serving:
         interceptors=list(spec.interceptors),
     )
     spec.add_services(server)
-    health = HealthServicer()
+    health = Health()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if spec.reflection:
-        reflection.enable_server_reflection([*spec.services, HEALTH_SERVICE, reflection.SERVICE_NAME], server)
+        enable_reflection([*spec.services, HEALTH_SERVICE], server)
     if spec.credentials is None:
         port = server.add_insecure_port(listen)
     else:
@@ -76,6 +140,12 @@ async def start_server(listen: str, spec: ServerSpec) -> Serving:
     for name in spec.services:
         await health.set(name, SERVING)
     return Serving(server, port, host_of(listen), health)
+
+
+def bound_address(listen: str, port: int) -> str:
+    """The address a server listens on, its port filled in: for the log (0.0.0.0 stays 0.0.0.0,
+    every interface), where `Serving.target` is where a client on this machine reaches it."""
+    return f"{listen.rsplit(':', 1)[0]}:{port}"
 
 
 def host_of(listen: str) -> str:

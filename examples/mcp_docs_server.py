@@ -1,4 +1,4 @@
-"""A small MCP server (official SDK, stdio) for README's executor walkthrough: the `docs` server in
+"""A small MCP server (official SDK, stdio) for the executor walkthrough of docs/executors.md: the `docs` server in
 examples/mcp-servers.json, started by `antwort-grpc executor mcp --config examples/mcp-servers.json`."""
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ class Span:
     parent_id: str
     kind: int
     attributes: dict[str, Any]
+    # OTLP status codes: 0 unset, 1 ok, 2 error.
+    status: int = 0
+    status_message: str = ""
 
 
 def _value(v: Any) -> Any:
@@ -47,6 +50,8 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[mis
                             s.parent_span_id.hex(),
                             s.kind,
                             {a.key: _value(a.value) for a in s.attributes},
+                            s.status.code,
+                            s.status.message,
                         )
                     )
         async with self._changed:

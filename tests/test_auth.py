@@ -5,6 +5,7 @@ the refusal to serve a non-loopback address without authentication."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,14 @@ from grpc_status import rpc_status
 from antwort_grpc import pb
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.executors.base import FunctionExecutor
+from antwort_grpc.grpc_security import AuthInterceptor, Identity
+from antwort_grpc.grpc_server import ServerSpec, start_server
 from antwort_grpc.providers.base import FinishReason, ProviderEvent, TextDelta, TurnEnd, TurnRequest
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
 from antwort_grpc.server.app import start_gateway
 from antwort_grpc.startup_errors import StartupError
 from antwort_grpc.storage.memory import MemoryStore
+from antwort_grpc.tool_services.sdk import SERVICE_NAME, ExecutorService, ToolExecutorServicer
 from tests.auth_fixtures import Credentials, api_keys, jwts, metadata
 from tests.harness import collect, function_tool, running_gateway, user
 
@@ -294,3 +298,41 @@ def test_serve_without_authentication_on_a_public_address_fails_in_one_line_nami
     assert main(["serve", "--listen", "0.0.0.0:0", "--store", "memory", "--script", "/dev/null"]) == 2
     err = capsys.readouterr().err
     assert "ANTWORT_AUTH" in err and "ANTWORT_ALLOW_UNAUTHENTICATED" in err and "Traceback" not in err
+
+
+class _BrokenAuthenticator:
+    """An authenticator that fails on a credential in a way it did not foresee."""
+
+    async def authenticate(self, credential: str) -> Identity:
+        raise TypeError("Expecting a PEM-formatted key.")
+
+
+class _Echo(ExecutorService):
+    async def list_tools(self) -> list[pb.ExecutorTool]:
+        return []
+
+
+async def test_a_credential_the_authenticator_fails_on_is_unauthenticated_with_one_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    spec = ServerSpec(
+        services=[SERVICE_NAME],
+        add_services=lambda server: pb.add_ToolExecutorServiceServicer_to_server(ToolExecutorServicer(_Echo()), server),
+        interceptors=[AuthInterceptor(_BrokenAuthenticator())],
+    )
+    serving = await start_server("127.0.0.1:0", spec)
+    try:
+        async with grpc.aio.insecure_channel(serving.target) as channel:
+            stub = pb.ToolExecutorServiceStub(channel)
+            caplog.clear()
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.GetExecutorInfo(pb.GetExecutorInfoRequest(), metadata=metadata("anything"))
+            with pytest.raises(grpc.aio.AioRpcError) as refused_stream:
+                async for _ in stub.Execute(pb.ExecuteRequest(), metadata=metadata("anything")):
+                    pass
+    finally:
+        await serving.stop(0)
+    assert refused.value.code() == refused_stream.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "PEM" not in (refused.value.details() or "")
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [(r.exc_info, "TypeError" in r.getMessage()) for r in lines] == [(None, True), (None, True)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import grpc
 import jwt
 import pytest
 from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from antwort_grpc.auth.identity import AuthError, Identity
 from antwort_grpc.auth.jwt_tokens import JwtAuthenticator, JwtSettings
@@ -150,3 +152,41 @@ async def test_a_gateway_with_a_jwks_url_follows_key_rotation(
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await collect(gw.stub.CreateResponse(user("hi"), metadata=metadata(sign.token("alice", "acme"))))
         assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def _ec_jwk(key: ec.EllipticCurvePrivateKey, kid: str) -> dict[str, object]:
+    return {**json.loads(jwt.algorithms.ECAlgorithm.to_jwk(key.public_key())), "kid": kid, "use": "sig"}
+
+
+@pytest.mark.parametrize("case", ["RS256 naming an EC key", "ES256 against an RSA public-key file"])
+async def test_a_token_whose_algorithm_does_not_fit_its_key_is_unauthenticated_with_one_log_line(
+    tmp_path: Path, sign: Signer, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    ec_key = ec.generate_private_key(ec.SECP256R1())
+    body = {"iss": ISSUER, "aud": AUDIENCE, "sub": "mallory", "exp": 4102444800}
+    if case == "RS256 naming an EC key":
+        jwks = tmp_path / "jwks.json"
+        rsa_jwks = json.loads(sign.jwks())["keys"]
+        jwks.write_text(json.dumps({"keys": [*rsa_jwks, _ec_jwk(ec_key, "ec-1")]}))
+        where: dict[str, object] = {"jwt_jwks": str(jwks)}
+        token = jwt.encode(body, sign.key, algorithm="RS256", headers={"kid": "ec-1"})
+    else:
+        pem = tmp_path / "key.pem"
+        pem.write_bytes(sign.public_pem())
+        where = {"jwt_public_key_file": pem}
+        token = jwt.encode(body, ec_key, algorithm="ES256")
+    provider = ScriptedProvider([[Text("hello")]], repeat=True)
+    async with running_gateway(provider=provider, **jwt_settings(**where)) as gw:
+        caplog.clear()
+        for _ in range(2):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await collect(gw.stub.CreateResponse(user("hi"), metadata=metadata(token)))
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "Traceback" not in (refused.value.details() or "")
+        # Still a gateway that serves the right tokens.
+        events = await collect(gw.stub.CreateResponse(user("hi"), metadata=metadata(sign.token("alice", "acme"))))
+        assert events[-1].completed.response.status == 3
+    assert provider.requests and len(provider.requests) == 1
+    noisy = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert all(r.exc_info is None and "\n" not in r.getMessage() for r in noisy), [r.getMessage() for r in noisy]
+    assert len(noisy) <= 2, "at most one line a refused call"

@@ -21,6 +21,7 @@ from antwort_grpc.cli import main
 from antwort_grpc.config import ExecutorSettings, GatewaySettings
 from antwort_grpc.tool_services.mcp import McpBridgeSettings
 from antwort_grpc.tool_services.sandbox import SandboxSettings
+from antwort_grpc.tool_services.security import ExecutorSecurity
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -304,6 +305,28 @@ def test_dev_is_one_gateway_on_sqlite_without_authentication() -> None:
     env = _env(container)
     assert env["ANTWORT_AUTH"] == "none" and env["ANTWORT_ALLOW_UNAUTHENTICATED"] == "true"
     assert "ANTWORT_STORE" not in _env_names(container)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_executor_may_listen_on_its_pod_address(overlay: str, clean_environment: pytest.MonkeyPatch) -> None:
+    """An executor without a token or mutual TLS refuses a non-loopback address unless told that
+    something else (here a NetworkPolicy) guards it: the dev overlay says so, prod needs neither."""
+    for name, deployment in _of_kind("Deployment", overlay).items():
+        if ROLES[name][0] != "executor":
+            continue
+        for variable, value in _env(_container(deployment)).items():
+            clean_environment.setenv(variable, value)
+        settings = ExecutorSettings()
+        security = ExecutorSecurity(
+            token="set" if settings.token or settings.token_file else None,
+            mutual_tls=settings.tls_client_ca is not None,
+            allow_unauthenticated=settings.allow_unauthenticated,
+        )
+        security.refuse_open_listen(settings.listen)  # a StartupError fails the test
+        if overlay == "prod":
+            assert security.admits_only_the_gateway and not settings.allow_unauthenticated, name
+        for variable in _env(_container(deployment)):
+            clean_environment.delenv(variable)
 
 
 def _mounted(container: dict[str, Any], path: str, deployment: dict[str, Any]) -> dict[str, Any]:

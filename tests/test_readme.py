@@ -1,6 +1,8 @@
-"""Every shell block of README.md runs as written (extracted from README itself, so it cannot drift).
+"""Every shell block of README.md runs as written, and so does every marked block of docs/*.md (extracted from
+the files themselves, so they cannot drift). README stays a newcomer's page: at most 250 lines, its links resolve.
 
-Each ```sh block is preceded by a marker saying how it is tested:
+Each ```sh block of README.md is preceded by a marker saying how it is tested (a block of docs/*.md is run
+when it carries one; unmarked blocks there are illustrations):
 
     <!-- readme-test: gateway [SERVE ARGS] -->   run with `antwort-grpc serve [SERVE ARGS]` running
     <!-- readme-test: run until "A", "B" -->      run; it serves until every string was printed
@@ -34,27 +36,52 @@ _ADDRESS = re.compile(r"127\.0\.0\.1:(5\d{4})")
 GATEWAY = "127.0.0.1:50051"
 
 
+_LINK = re.compile(r"\]\((?!https?://|#|mailto:)(?P<target>[^)#\s]+)(?:#[^)]*)?\)")
+README_MAX_LINES = 250
+# Walkthroughs README held before their topics moved to docs/: moving them must not leave them unrun.
+MOVED_WALKTHROUGHS = {"docs/clients.md", "docs/controls.md", "docs/executors.md", "docs/hooks.md", "docs/limits.md"}
+
+
 @dataclass(frozen=True)
 class Block:
+    file: str
     line: int
     marker: str
     body: str
 
     @property
     def id(self) -> str:
-        return f"README.md:{self.line}"
+        return f"{self.file}:{self.line}"
 
 
-def readme_blocks() -> list[Block]:
-    text = (ROOT / "README.md").read_text()
+def blocks_of(path: Path) -> list[Block]:
+    text = path.read_text()
+    name = str(path.relative_to(ROOT))
     return [
-        Block(text[: m.start("body")].count("\n") + 1, (m["marker"] or "").strip(), m["body"])
+        Block(name, text[: m.start("body")].count("\n") + 1, (m["marker"] or "").strip(), m["body"])
         for m in _BLOCK.finditer(text)
     ]
 
 
+def readme_blocks() -> list[Block]:
+    return blocks_of(ROOT / "README.md")
+
+
+def docs() -> list[Path]:
+    return sorted((ROOT / "docs").glob("*.md"))
+
+
+def all_blocks() -> list[Block]:
+    """README's blocks, then the marked blocks of docs/*.md."""
+    return readme_blocks() + [b for path in docs() for b in blocks_of(path) if b.marker]
+
+
 def blocks_marked(prefix: str) -> list[Block]:
-    return [b for b in readme_blocks() if b.marker.startswith(prefix)]
+    return [b for b in all_blocks() if b.marker.startswith(prefix)]
+
+
+def broken_links(path: Path) -> list[str]:
+    return [m["target"] for m in _LINK.finditer(path.read_text()) if not (path.parent / m["target"]).exists()]
 
 
 def free_port() -> int:
@@ -144,10 +171,29 @@ def run_block(block: Block, ports: Ports, tmp_path: Path) -> str:
 
 
 def test_every_shell_block_says_how_it_is_tested() -> None:
-    blocks = readme_blocks()
-    assert len(blocks) >= 5
-    for block in blocks:
+    for block in readme_blocks():
         assert block.marker.startswith(("gateway", "run until ", "proved by ")), f"{block.id} has no readme-test marker"
+    for block in all_blocks():
+        assert block.marker.startswith(("gateway", "run until ", "proved by ")), f"{block.id}: unknown marker"
+    run_in_docs = {b.file for b in all_blocks() if b.file.startswith("docs/")}
+    assert run_in_docs >= MOVED_WALKTHROUGHS, f"no longer run: {sorted(MOVED_WALKTHROUGHS - run_in_docs)}"
+
+
+def test_readme_is_a_newcomers_page_of_at_most_250_lines() -> None:
+    lines = (ROOT / "README.md").read_text().count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines: move details to a docs/ page and link it"
+
+
+def test_every_docs_page_is_linked_from_readme_and_every_link_resolves() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert broken_links(ROOT / "README.md") == []
+    for path in docs():
+        assert f"(docs/{path.name})" in readme, f"README does not link docs/{path.name}"
+
+
+def test_every_relative_link_in_docs_resolves() -> None:
+    for path in docs():
+        assert broken_links(path) == [], f"{path.name} links to missing files"
 
 
 def test_the_tool_walkthrough_gateway_is_what_make_run_tools_starts() -> None:

@@ -123,3 +123,32 @@ def test_the_graph_holds_the_imports_it_checks() -> None:
     assert "antwort_grpc.engine.turn" in edges["antwort_grpc.engine.loop"]
     # Imports inside functions count too (a lazy import is still an arrow).
     assert "antwort_grpc.providers.factory" in edges["antwort_grpc.core"]
+
+
+def reachable(edges: dict[str, set[str]], start: str) -> dict[str, str]:
+    """Every module `start` imports, directly or through others: module -> the module importing it."""
+    via: dict[str, str] = {}
+    todo = [start]
+    while todo:
+        here = todo.pop()
+        for target in edges.get(here, ()):
+            if target not in via and target != start:
+                via[target] = here
+                todo.append(target)
+    return via
+
+
+def test_the_tool_programs_load_nothing_of_the_gateways_server_or_auth_packages() -> None:
+    """An executor (sandbox, MCP bridge, your own) is a program of its own: what it shares with the
+    gateway (TLS from PEM files, the bearer check) lives below both."""
+    edges = graph()
+    gateway_only = ("antwort_grpc.server", "antwort_grpc.auth")
+    found = []
+    for module in sorted(m for m in edges if m.startswith("antwort_grpc.tool_services")):
+        via = reachable(edges, module)
+        for target in sorted(t for t in via if t.startswith(gateway_only)):
+            chain = [target]
+            while chain[-1] in via:
+                chain.append(via[chain[-1]])
+            found.append(" <- ".join(chain))
+    assert not found, found[:5]

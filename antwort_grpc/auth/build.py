@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import ipaddress
-
 from antwort_grpc.auth.apikeys import ApiKeyFile
 from antwort_grpc.auth.identity import Authenticator
 from antwort_grpc.auth.jwt_tokens import JwtAuthenticator, JwtSettings
 from antwort_grpc.config import GatewaySettings
+from antwort_grpc.grpc_security import is_loopback
 from antwort_grpc.startup_errors import StartupError
 
 
@@ -40,18 +39,6 @@ def _build(settings: GatewaySettings) -> Authenticator | None:
             )
         )
     return None
-
-
-def is_loopback(listen: str) -> bool:
-    if listen.startswith("unix:"):
-        return True
-    host = listen.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def refuse_open_listen(settings: GatewaySettings) -> None:

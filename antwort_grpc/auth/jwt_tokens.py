@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 import jwt
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from antwort_grpc.auth.identity import AuthError, Identity
@@ -25,6 +26,16 @@ log = logging.getLogger(__name__)
 
 ASYMMETRIC = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"})
 JWKS_TIMEOUT = 5.0
+# The algorithms each kind of key checks (an EC key: the one of its curve, below). PyJWT trusts
+# the token's `alg` to pick the check and fails with a TypeError when the key is of another kind
+# (RS256 naming an EC key), with an InvalidKeyError when the curve is another.
+KEY_ALGORITHMS: tuple[tuple[tuple[type, ...], frozenset[str]], ...] = (
+    ((rsa.RSAPublicKey, rsa.RSAPrivateKey), frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512"})),
+    (
+        (ed25519.Ed25519PublicKey, ed25519.Ed25519PrivateKey, ed448.Ed448PublicKey, ed448.Ed448PrivateKey),
+        frozenset({"EdDSA"}),
+    ),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +54,21 @@ class JwtSettings:
     # with made-up key ids must not become a flood of requests to the identity provider).
     jwks_min_refresh: float = 30.0
     required: Sequence[str] = field(default=("exp", "iss", "aud"))
+
+
+# An EC key checks the one algorithm of its curve.
+CURVE_ALGORITHMS = {"secp256r1": "ES256", "secp384r1": "ES384", "secp521r1": "ES512"}
+
+
+def algorithms_for(key: Any, allowed: Sequence[str]) -> list[str]:
+    """The configured algorithms this key can check (none for a symmetric or unknown key)."""
+    if isinstance(key, ec.EllipticCurvePublicKey | ec.EllipticCurvePrivateKey):
+        algorithm = CURVE_ALGORITHMS.get(key.curve.name, "")
+        return [algorithm] if algorithm in allowed else []
+    for kinds, algorithms in KEY_ALGORITHMS:
+        if isinstance(key, kinds):
+            return [a for a in allowed if a in algorithms]
+    return []
 
 
 def claim(claims: Mapping[str, Any], path: str) -> str:
@@ -143,11 +169,14 @@ class JwtAuthenticator:
         except jwt.InvalidTokenError:
             raise AuthError("the bearer token is not a JWT") from None
         key = await self.keys.key(str(header.get("kid") or ""))
+        algorithms = algorithms_for(key, s.algorithms)
+        if header.get("alg") not in algorithms:
+            raise AuthError("the token's algorithm is not one its signing key is checked with")
         try:
             claims = jwt.decode(
                 credential,
                 key,
-                algorithms=list(s.algorithms),
+                algorithms=algorithms,
                 audience=s.audience,
                 issuer=s.issuer,
                 leeway=s.leeway,
@@ -159,7 +188,7 @@ class JwtAuthenticator:
             raise AuthError("the token is not meant for this service (audience)") from None
         except jwt.InvalidIssuerError:
             raise AuthError("the token's issuer is not trusted") from None
-        except jwt.InvalidTokenError as err:
+        except jwt.PyJWTError as err:  # InvalidTokenError, and InvalidKeyError for a key that cannot check it
             raise AuthError(f"the token is not valid: {type(err).__name__}") from None
         principal = claim(claims, s.principal_claim)
         if not principal:

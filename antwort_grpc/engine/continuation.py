@@ -55,6 +55,8 @@ def resolve(
     choice: pb.ToolChoice | None,
 ) -> tuple[Continuation, list[FieldViolation]]:
     """The continuation, or the field violations of new items that answer nothing."""
+    if not history and all(item.WhichOneof("kind") == "message" for item in new_items):
+        return Continuation(), []  # a new conversation of messages: nothing to continue
     calls = _Calls()
     for item in history:
         calls.track(item)

@@ -23,5 +23,10 @@ class ModelCall:
 
     async def discard(self) -> None:
         """Abandon it unread (the run stopped, failed or was steered before reading it)."""
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
+        task = self.task
+        if task.done():
+            return  # it hands every failure to the channel: nothing left to retrieve
+        task.cancel()
+        # gather, not `await task`: the caller's own cancellation still propagates, and the
+        # call's cancellation is not mistaken for it.
+        await asyncio.gather(task, return_exceptions=True)

@@ -58,7 +58,7 @@ class Continuation:
         return bool(self.calls or self.outputs or self.handoff)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RunSetup:
     """What a run is made of, besides its request and response."""
 

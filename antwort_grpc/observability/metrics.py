@@ -9,9 +9,14 @@ become underscores, the unit a suffix), with the conventions' bucket boundaries:
   `gen_ai_server_time_per_output_token_seconds`: each response the gateway serves (it is a GenAI
   server to its callers; the last two for streamed responses).
 
+Every RPC the server handles, in the `grpc_server_*` family of go-grpc-prometheus (started,
+handled by status code, handling time; rpc_metrics.py). The process: CPU, memory, open file
+descriptors (`process_*`), the interpreter and its garbage collector (`python_*`).
+
 And ours, `antwort_*`: responses by terminal status, turns per response, tool calls by tool,
 executor and outcome with their durations, executor health, store latency, open streams, backend
-errors by code, hook failures.
+errors by code, hook failures, requests refused before they started. docs/observability.md lists
+every metric.
 """
 
 from __future__ import annotations
@@ -21,7 +26,16 @@ from collections.abc import Callable, Iterable, Sequence
 from threading import Thread
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -34,6 +48,9 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 # Finer at the low end than the GenAI durations: a store write takes milliseconds.
 STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 TURN_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50)
+# An RPC is a read of a few milliseconds or a stream of minutes (a Converse session is one RPC).
+RPC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+RPC_LABELS = ("grpc_type", "grpc_service", "grpc_method")
 
 GENAI_MODEL = ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model")
 
@@ -129,6 +146,30 @@ class Metrics:
             "antwort_backend_errors", "Model backend failures by error code", ["code"], registry=r
         )
         self.hook_failures = Counter("antwort_hook_failures", "Policy hooks that failed during a response", registry=r)
+        self.refused = Counter(
+            "antwort_requests_refused",
+            "Requests refused before they started, by method, gRPC status code and reason",
+            ["method", "code", "reason"],
+            registry=r,
+        )
+        self.rpc_started = Counter("grpc_server_started", "RPCs started on the server", RPC_LABELS, registry=r)
+        self.rpc_handled = Counter(
+            "grpc_server_handled",
+            "RPCs completed on the server, whatever their status",
+            [*RPC_LABELS, "grpc_code"],
+            registry=r,
+        )
+        self.rpc_seconds = Histogram(
+            "grpc_server_handling_seconds",
+            "Time from an RPC's arrival (before authentication) to its status",
+            RPC_LABELS,
+            buckets=RPC_BUCKETS,
+            registry=r,
+        )
+        # The process (CPU, resident memory, open file descriptors), the interpreter and its
+        # collector: what prometheus-client registers on its default registry, on ours.
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            r.register(collector)
 
     def watch_executors(self, executors: Callable[[], Sequence[Any]]) -> None:
         self.registry.register(ExecutorHealth(executors))

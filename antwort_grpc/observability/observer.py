@@ -16,6 +16,7 @@ from opentelemetry import trace
 
 from antwort_grpc import pb, tracing
 from antwort_grpc.auth import current_identity
+from antwort_grpc.errors import RequestError
 from antwort_grpc.observability import logs
 from antwort_grpc.observability.context import Observation
 from antwort_grpc.observability.metrics import Metrics
@@ -38,6 +39,11 @@ class Observer:
         self.metrics = metrics
         self.tracer = tracer
         self.log_responses = log_responses
+
+    def refused(self, method: str, error: RequestError) -> None:
+        """A request refused before it started (unauthenticated, malformed, invalid, over its limit)."""
+        if self.metrics is not None:
+            self.metrics.refused.labels(method, error.code.name, error.reason).inc()
 
     def begin(self, method: str, metadata: Any) -> Observation:
         observation = Observation(time.perf_counter())

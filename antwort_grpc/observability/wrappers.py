@@ -63,11 +63,13 @@ class ObservedProvider:
             },
         )
 
-    def _end(self, turn: TurnRequest, span: Any, started: float, error: str, usage: pb.Usage | None) -> None:
+    def _end(
+        self, turn: TurnRequest, span: Any, started: float, error: str, usage: pb.Usage | None, ended: float = 0.0
+    ) -> None:
         m = self._metrics
         if m is not None:
             labels = (CHAT, self._name, turn.model)
-            m.client_duration.labels(*labels, error).observe(time.perf_counter() - started)
+            m.client_duration.labels(*labels, error).observe((ended or time.perf_counter()) - started)
             if usage is not None:
                 m.client_tokens.labels(*labels, "input").observe(usage.input_tokens)
                 m.client_tokens.labels(*labels, "output").observe(usage.output_tokens)
@@ -86,7 +88,9 @@ class ObservedProvider:
         span = self._start(turn)
         started = time.perf_counter()
         inner = self._inner.stream(turn)
-        error, usage = "cancelled", None
+        # perf_counter() when the TurnEnd went out: the call is complete then, and whoever reads
+        # it may close the stream at once instead of reading it to its end (the engine does).
+        error, usage, ended = "cancelled", None, 0.0
         try:
             # Current while the call is made, so the provider's HTTP request carries its context.
             token = otel_context.attach(trace.set_span_in_context(span)) if span is not None else None
@@ -98,13 +102,13 @@ class ObservedProvider:
             finally:
                 if token is not None:
                     otel_context.detach(token)
+            if type(first) is TurnEnd:
+                usage, ended = first.usage, time.perf_counter()
             yield first
             async for event in inner:
                 if type(event) is TurnEnd:
-                    usage = event.usage
+                    usage, ended = event.usage, time.perf_counter()
                 yield event
-            if type(first) is TurnEnd:
-                usage = first.usage
             error = ""
         except ProviderError as err:
             error = err.code
@@ -116,7 +120,9 @@ class ObservedProvider:
             close = getattr(inner, "aclose", None)
             if close is not None:
                 await close()
-            self._end(turn, span, started, error, usage)
+            if ended and error == "cancelled":
+                error = ""
+            self._end(turn, span, started, error, usage, ended)
 
     async def complete(self, turn: TurnRequest) -> Completion:
         span = self._start(turn)

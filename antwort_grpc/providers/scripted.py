@@ -2,7 +2,8 @@
 
 Used by the tests and by `antwort-grpc serve --script FILE`. A turn can also be a function of the
 TurnRequest, so a test can answer from what the model was sent (for example echo a tool result).
-Every TurnRequest received is kept in `requests` for assertions.
+Every TurnRequest received is kept in `requests` for assertions; a script played from a file (`serve
+--script`, a process that may run a long demo or a load test) keeps none.
 
 File format (JSON):
     {"turns": [[{"text": "Let me check."}, {"tool_call": {"name": "f", "arguments": {"x": 1}}}],
@@ -100,6 +101,9 @@ class ScriptedProvider:
     holding: asyncio.Event = field(default_factory=asyncio.Event)
     # "stream" or "complete" per turn served, so tests can tell which path the engine used.
     modes: list[str] = field(default_factory=list)
+    # How many of the latest turns `requests` and `modes` keep; None: all of them (tests assert
+    # on them). Each request holds its whole input, so a long-running process must keep few.
+    kept: int | None = None
     _next: int = 0
 
     @classmethod
@@ -114,7 +118,7 @@ class ScriptedProvider:
         if isinstance(data, dict) and isinstance(data.get("tool_caller"), dict):
             arguments = json.dumps(data["tool_caller"].get("arguments", {}))
             caller = ToolCaller(arguments)
-            return cls([caller], repeat=True, chunk_delay=float(data.get("chunk_delay", 0.0)))
+            return cls([caller], repeat=True, chunk_delay=float(data.get("chunk_delay", 0.0)), kept=0)
         if not isinstance(data, dict) or not isinstance(data.get("turns"), list):
             hint = ""
             if isinstance(data, dict) and "replies" in data:
@@ -129,10 +133,18 @@ class ScriptedProvider:
                 turns.append(_turn_from_json(turn))
             except (KeyError, TypeError, ValueError, AttributeError) as error:
                 raise ScriptError(f"{path}: turn {number} is malformed ({type(error).__name__}: {error})") from error
-        return cls(turns, repeat=bool(data.get("repeat", False)), chunk_delay=float(data.get("chunk_delay", 0.0)))
+        return cls(
+            turns, repeat=bool(data.get("repeat", False)), chunk_delay=float(data.get("chunk_delay", 0.0)), kept=0
+        )
+
+    def _remember(self, mode: str, request: TurnRequest) -> None:
+        self.modes.append(mode)
+        self.requests.append(request)
+        if self.kept is not None and len(self.requests) > self.kept:
+            del self.requests[: len(self.requests) - self.kept]
+            del self.modes[: len(self.modes) - self.kept]
 
     def _take(self, request: TurnRequest) -> Turn:
-        self.requests.append(request)
         if self._next >= len(self.turns):
             if not self.repeat or not self.turns:
                 raise ProviderError("script_exhausted", f"the script has only {len(self.turns)} turns")
@@ -144,7 +156,7 @@ class ScriptedProvider:
         return source if isinstance(source, Turn) else Turn(list(source))
 
     async def stream(self, turn: TurnRequest) -> AsyncIterator[ProviderEvent]:
-        self.modes.append("stream")
+        self._remember("stream", turn)
         script = self._take(turn)
         delay = script.delay or self.chunk_delay
         for emitted, event in enumerate(_deltas(script.outputs)):
@@ -161,7 +173,7 @@ class ScriptedProvider:
         yield TurnEnd(_finish(script), _usage(script))
 
     async def complete(self, turn: TurnRequest) -> Completion:
-        self.modes.append("complete")
+        self._remember("complete", turn)
         script = self._take(turn)
         if script.hold is not None:
             self.holding.set()

@@ -1,4 +1,4 @@
-"""What one CreateResponse request may hold, checked before any work starts (README: Limits)."""
+"""What one CreateResponse request may hold, checked before any work starts (docs/limits.md)."""
 
 from __future__ import annotations
 

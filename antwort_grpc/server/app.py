@@ -14,18 +14,18 @@ from grpc_health.v1._async import HealthServicer
 
 from antwort_grpc import pb
 from antwort_grpc.auth.build import refuse_open_listen
-from antwort_grpc.auth.interceptor import AuthInterceptor
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.core import Core, Parts, build_core
 from antwort_grpc.engine import Engine
 from antwort_grpc.executors.base import ToolExecutor
-from antwort_grpc.grpc_server import ServerSpec, Serving, start_server
+from antwort_grpc.grpc_security import AuthInterceptor, server_credentials
+from antwort_grpc.grpc_server import ServerSpec, Serving, bound_address, start_server
 from antwort_grpc.observability import Observability
+from antwort_grpc.observability.rpc_metrics import RpcMetricsInterceptor
 from antwort_grpc.providers.base import Provider, ProviderHealth
 from antwort_grpc.server.connections import connection_options
 from antwort_grpc.server.decode import add_parsing_servicer
 from antwort_grpc.server.servicer import ResponsesServicer
-from antwort_grpc.server.tls import server_credentials
 from antwort_grpc.storage.base import ResponseStore
 
 log = logging.getLogger(__name__)
@@ -133,11 +133,21 @@ async def start_gateway(
     credentials = server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
     core = await build_core(settings, Parts(provider, store, list(executors)))
     servicer = ResponsesServicer(core.responses, core.edge)
+    edge = core.edge
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    metrics = core.observability.metrics if core.observability is not None else None
+    if metrics is not None:
+        # First: it times and counts every call, the ones the interceptors after it refuse too.
+        interceptors.append(RpcMetricsInterceptor(metrics))
+    if core.authenticator is not None:
+        interceptors.append(AuthInterceptor(core.authenticator, refused=edge.refused))
     spec = ServerSpec(
         services=[RESPONSES_SERVICE],
-        add_services=lambda server: add_parsing_servicer(pb.add_ResponsesServiceServicer_to_server, servicer, server),
+        add_services=lambda server: add_parsing_servicer(
+            pb.add_ResponsesServiceServicer_to_server, servicer, server, refused=edge.refused
+        ),
         credentials=credentials,
-        interceptors=[AuthInterceptor(core.authenticator)] if core.authenticator is not None else [],
+        interceptors=interceptors,
         options=connection_options(settings),
         reflection=settings.reflection,
     )
@@ -151,7 +161,7 @@ async def start_gateway(
         attach = getattr(executor, "attach_health", None)
         if attach is not None:
             await attach(serving.health)
-    log.info("antwort-grpc listening on %s", settings.listen.rsplit(":", 1)[0] + f":{serving.port}")
+    log.info("antwort-grpc listening on %s", bound_address(settings.listen, serving.port))
     gateway = Gateway(serving, core)
     core.start()
     check = getattr(provider, "check_health", None)

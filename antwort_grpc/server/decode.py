@@ -18,7 +18,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
-from antwort_grpc.errors import FieldViolation, invalid_argument
+from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.grpc_status import abort
 
 # Requests larger than this are parsed in a worker thread, so a 32 MiB request does not hold the
@@ -47,27 +47,43 @@ class _Capture:
         self.handlers = dict(handlers)
 
 
-def add_parsing_servicer(add: Callable[[Any, Any], None], servicer: object, server: grpc.aio.Server) -> None:
+# Told of each request that does not parse (the method's name, the error): the gateway counts them.
+Refused = Callable[[str, RequestError], None]
+
+
+def add_parsing_servicer(
+    add: Callable[[Any, Any], None], servicer: object, server: grpc.aio.Server, refused: Refused | None = None
+) -> None:
     """`add(servicer, server)` (a generated `add_…Servicer_to_server`), with every unary request
     parsed by `parse_request`."""
     capture = _Capture()
     add(servicer, capture)
-    handlers = {name: _parsing(handler) for name, handler in capture.handlers.items()}
+    handlers = {name: _parsing(handler, _teller(refused, name)) for name, handler in capture.handlers.items()}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(capture.service, handlers),))
     server.add_registered_method_handlers(capture.service, handlers)
 
 
-def _parsing(handler: Any) -> Any:
+def _teller(refused: Refused | None, method: str) -> Callable[[RequestError], None] | None:
+    if refused is None:
+        return None
+
+    def tell(error: RequestError) -> None:
+        refused(method, error)
+
+    return tell
+
+
+def _parsing(handler: Any, refused: Callable[[RequestError], None] | None = None) -> Any:
     parse = handler.request_deserializer
     if parse is None:
         return handler
     if handler.request_streaming:
-        return _parsing_stream(handler, parse)
+        return _parsing_stream(handler, parse, refused)
     if handler.unary_unary is not None:
         unary = handler.unary_unary
 
         async def unary_unary(raw: bytes, context: Any) -> Any:
-            return await unary(await parse_request(raw, parse, context), context)
+            return await unary(await parse_request(raw, parse, context, refused), context)
 
         return grpc.unary_unary_rpc_method_handler(unary_unary, response_serializer=handler.response_serializer)
     if handler.unary_stream is not None:
@@ -78,7 +94,7 @@ def _parsing(handler: Any) -> Any:
         # streamed message. try/finally is contextlib.aclosing without its two Python-level calls
         # per request.
         async def unary_stream(raw: bytes, context: Any) -> None:
-            request = await parse_request(raw, parse, context)
+            request = await parse_request(raw, parse, context, refused)
             messages = stream(request, context)
             try:
                 async for message in messages:
@@ -90,7 +106,7 @@ def _parsing(handler: Any) -> Any:
     return handler
 
 
-def _parsing_stream(handler: Any, parse: Parse) -> Any:
+def _parsing_stream(handler: Any, parse: Parse, refused: Callable[[RequestError], None] | None) -> Any:
     """A handler reading a stream of requests, given them parsed. A message that does not parse
     ends the call with INVALID_ARGUMENT (the servicer's read raises grpc's abort error)."""
     behavior = handler.stream_stream or handler.stream_unary
@@ -104,7 +120,7 @@ def _parsing_stream(handler: Any, parse: Parse) -> Any:
         async def parsed() -> AsyncIterator[Any]:
             async for raw in requests:
                 try:
-                    yield await parse_request(raw, parse, context)
+                    yield await parse_request(raw, parse, context, refused)
                 except grpc.aio.AbortError as err:
                     aborted.append(err)
                     raise
@@ -120,8 +136,11 @@ def _parsing_stream(handler: Any, parse: Parse) -> Any:
     return make(run, response_serializer=handler.response_serializer)
 
 
-async def parse_request(raw: bytes, parse: Parse, context: Any) -> Any:
-    """The request `raw` holds; aborts the call with INVALID_ARGUMENT when it does not parse."""
+async def parse_request(
+    raw: bytes, parse: Parse, context: Any, refused: Callable[[RequestError], None] | None = None
+) -> Any:
+    """The request `raw` holds; aborts the call with INVALID_ARGUMENT (`refused` is told) when it
+    does not parse."""
     try:
         if len(raw) > PARSE_IN_THREAD_BYTES:
             return await asyncio.to_thread(parse, raw)
@@ -134,7 +153,10 @@ async def parse_request(raw: bytes, parse: Parse, context: Any) -> Any:
         # corrupt", "Exceeded …MaxDepth"); what follows the type name in its message.
         reason = str(err).rsplit(": ", 1)[-1]
         where = field or "request"
-        await abort(context, invalid_argument([FieldViolation(where, f"cannot be parsed: {reason}")]))
+        error = invalid_argument([FieldViolation(where, f"cannot be parsed: {reason}")])
+        if refused is not None:
+            refused(error)
+        await abort(context, error)
         raise AssertionError("unreachable") from None
 
 

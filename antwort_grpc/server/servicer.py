@@ -54,16 +54,19 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
                 )
                 # Closed with this call, however it ends (try/finally: aclosing's two calls, per request).
                 events = run.events()
+                observing = watch.observing
                 try:
                     if request.stream:
                         async for event in events:
-                            watch.saw(event)
+                            if observing:
+                                watch.saw(event)
                             yield _message(event)
                     else:
                         # One code path: drain the same stream, send only the terminal event.
                         last = None
                         async for event in events:
-                            watch.saw(event)
+                            if observing:
+                                watch.saw(event)
                             last = event
                         assert last is not None
                         yield _message(last)
@@ -158,6 +161,7 @@ class _Session:
             first = True
             while (request := await self.creates.get()) is not None:
                 if isinstance(request, RequestError):
+                    self.watch.refused(request)
                     await abort(self.context, request)
                     return
                 request.stream = True  # a session always streams its events
@@ -171,6 +175,7 @@ class _Session:
                     )
                 except RequestError as err:
                     self.early = None
+                    self.watch.refused(err)
                     if first:
                         await abort(self.context, err)
                     await self._reject(err)

@@ -33,10 +33,16 @@ def common_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tls-client-ca", help="CA of the callers' certificates: mutual TLS (ANTWORT_EXECUTOR_TLS_CLIENT_CA)"
     )
+    p.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        default=None,
+        help="serve a non-loopback address without a token or mutual TLS (ANTWORT_EXECUTOR_ALLOW_UNAUTHENTICATED)",
+    )
 
 
 def executor_settings(args: argparse.Namespace) -> ExecutorSettings:
-    names = ["listen", "log_level", "token_file", "tls_cert", "tls_key", "tls_client_ca"]
+    names = ["listen", "log_level", "token_file", "tls_cert", "tls_key", "tls_client_ca", "allow_unauthenticated"]
     try:
         return ExecutorSettings(**{n: getattr(args, n) for n in names if getattr(args, n, None) is not None})
     except (ValidationError, SettingsError) as error:
@@ -45,10 +51,16 @@ def executor_settings(args: argparse.Namespace) -> ExecutorSettings:
 
 def serve_role(settings: ExecutorSettings, service: ExecutorService) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    check_listen(settings.listen, "--listen / ANTWORT_EXECUTOR_LISTEN")
     security = executor_security(
-        settings.token, settings.token_file, settings.tls_cert, settings.tls_key, settings.tls_client_ca
+        settings.token,
+        settings.token_file,
+        settings.tls_cert,
+        settings.tls_key,
+        settings.tls_client_ca,
+        allow_unauthenticated=settings.allow_unauthenticated,
     )
+    security.refuse_open_listen(settings.listen)
+    check_listen(settings.listen, "--listen / ANTWORT_EXECUTOR_LISTEN")
     try:
         asyncio.run(run_executor(service, settings.listen, security=security))
     except (RuntimeError, OSError) as error:

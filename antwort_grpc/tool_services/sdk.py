@@ -35,7 +35,8 @@ from opentelemetry import trace
 from antwort_grpc import pb, tracing
 from antwort_grpc.errors import RequestError
 from antwort_grpc.executors.base import ProgressSink
-from antwort_grpc.grpc_server import ServerSpec, start_server
+from antwort_grpc.grpc_security import is_loopback
+from antwort_grpc.grpc_server import ServerSpec, bound_address, start_server
 from antwort_grpc.grpc_status import abort
 from antwort_grpc.tool_services.reaper import reaping_if_init
 from antwort_grpc.tool_services.security import ExecutorSecurity
@@ -204,8 +205,10 @@ async def serve_executor(
     service: ExecutorService, listen: str = "127.0.0.1:0", security: ExecutorSecurity | None = None
 ) -> ExecutorServer:
     """Start a grpc.aio server for the service; port 0 picks a free one (see `.port`). `security`:
-    the token callers must send and the TLS credentials (default: any caller, plaintext)."""
+    the token callers must send and the TLS credentials (default: any caller, plaintext, so only on
+    loopback). StartupError for a non-loopback `listen` the security does not guard."""
     security = security or ExecutorSecurity()
+    security.refuse_open_listen(listen)
     await service.start()
     spec = ServerSpec(
         services=[SERVICE_NAME],
@@ -220,8 +223,15 @@ async def serve_executor(
         await service.close()
         raise
     server, port, host, health = serving.server, serving.port, serving.host, serving.health
-    kind = pb.ToolKind.Name(service.kind)
-    log.info("%s executor %r listening on %s:%d (%s)", kind, service.name, host, port, security.describe())
+    kind, address = pb.ToolKind.Name(service.kind), bound_address(listen, port)
+    log.info("%s executor %r listening on %s (%s)", kind, service.name, address, security.describe())
+    if not security.admits_only_the_gateway and not is_loopback(listen):
+        log.warning(
+            "executor %r serves every caller on %s: no token or mutual TLS (allowed by "
+            "ANTWORT_EXECUTOR_ALLOW_UNAUTHENTICATED); keep a network policy in front of it",
+            service.name,
+            address,
+        )
     return ExecutorServer(server, port, host, service, health)
 
 

@@ -4,6 +4,9 @@ what the model is told when an executor refuses or is gone. Real executor proces
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +33,7 @@ from tests.executors.remote_services import (
     tools_request,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 CALCULATOR = "tests.executors.remote_services:Calculator"
 TOKEN = "executor-token-7f3a9c"
 SETTINGS = RemoteSettings(retry_interval=0.1, info_timeout=2.0, call_timeout=30.0)
@@ -224,3 +228,75 @@ def test_a_token_and_a_token_file_together_are_a_startup_error(tmp_path: Path) -
 
     with pytest.raises(StartupError, match="not both"):
         read_token("a", tmp_path / "t", "ANTWORT_EXECUTOR_TOKEN")
+
+
+# Listening beyond loopback.
+
+ANTWORT = str(Path(sys.executable).parent / "antwort-grpc")
+EVERY_INTERFACE = "0.0.0.0:0"
+
+
+def _environment(extra: dict[str, str]) -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("ANTWORT_")}, "PYTHONPATH": str(ROOT), **extra}
+
+
+def _refused(listen: str, *flags: str, env: dict[str, str] | None = None) -> str:
+    """The one stderr line of an executor that refuses to start."""
+    command = [ANTWORT, "executor", "run", CALCULATOR, "--listen", listen, *flags]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30, cwd=ROOT, env=_environment(env or {}))
+    assert result.returncode != 0 and "serving on" not in result.stdout
+    [line] = result.stderr.splitlines()
+    assert "Traceback" not in line
+    return line
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:0", "[::]:0", "192.0.2.1:0"])
+def test_an_executor_without_a_token_or_mutual_tls_refuses_a_non_loopback_address_in_one_line(listen: str) -> None:
+    line = _refused(listen)
+    assert f"refusing to listen on {listen}" in line
+    for setting in ("ANTWORT_EXECUTOR_TOKEN", "ANTWORT_EXECUTOR_TLS_CLIENT_CA", "--allow-unauthenticated"):
+        assert setting in line, line
+
+
+def test_tls_without_client_certificates_does_not_make_a_non_loopback_address_safe(pki: Pki) -> None:
+    line = _refused(EVERY_INTERFACE, "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key))
+    assert "refusing to listen on 0.0.0.0:0" in line
+
+
+@pytest.mark.parametrize("guard", ["token", "mutual TLS", "allowed explicitly"])
+def test_a_guarded_executor_serves_every_interface_and_logs_the_address_it_really_listens_on(
+    guard: str, pki: Pki, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    flags, env = {
+        "token": ([], {"ANTWORT_EXECUTOR_TOKEN_FILE": str(token_file)}),
+        "mutual TLS": (
+            ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--tls-client-ca", str(pki.ca)],
+            {},
+        ),
+        "allowed explicitly": (["--allow-unauthenticated"], {}),
+    }[guard]
+    log = tmp_path / "executor.log"
+    command = [ANTWORT, "executor", "run", CALCULATOR, "--listen", EVERY_INTERFACE, *flags]
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=_environment(env), stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
+        try:
+            assert process.stdout is not None
+            serving = process.stdout.readline()
+            assert "serving on" in serving, log.read_text()
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    port = serving.strip().rsplit(":", 1)[1]
+    text = log.read_text()
+    assert f"listening on 0.0.0.0:{port}" in text and f"127.0.0.1:{port}" not in text, text
+    warned = [line for line in text.splitlines() if " WARNING " in line and "every caller" in line]
+    assert len(warned) == (1 if guard == "allowed explicitly" else 0), text
+
+
+def test_the_explicit_setting_has_its_documented_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTWORT_EXECUTOR_ALLOW_UNAUTHENTICATED", "true")
+    assert ExecutorSettings().allow_unauthenticated is True

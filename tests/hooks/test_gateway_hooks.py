@@ -129,7 +129,7 @@ async def test_every_point_is_called_in_order_with_the_callers_trace_context(tmp
 
 
 async def test_example_hook_denies_a_tool_by_name_and_redacts_e_mail_addresses() -> None:
-    """examples/redact_hook.py, run as its own process as the README shows."""
+    """examples/redact_hook.py, run as its own process as docs/hooks.md shows."""
     provider = ScriptedProvider(
         [
             [Call.of("lookup", {"q": "owner"}, call_id="call_1"), Call.of("delete_user", {"q": "bob"}, call_id="c2")],

@@ -7,12 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from antwort_grpc import pb
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.providers import factory, local_model
 from antwort_grpc.providers.factory import NoBackendError, build_provider
 from antwort_grpc.providers.local_model import LocalModelProvider
 from antwort_grpc.providers.openai import OpenAICompatProvider
 from antwort_grpc.providers.scripted import ScriptedProvider
+from tests.harness import running_gateway, user
+
+# How many of the latest requests a served script may still hold (none would do; a few is a bound too).
+KEPT_BY_A_SERVED_SCRIPT = 4
 
 
 @pytest.fixture(autouse=True)
@@ -50,3 +55,25 @@ async def test_without_the_local_model_the_error_says_what_to_configure(monkeypa
     monkeypatch.setattr(local_model, "model_file", lambda: None)
     with pytest.raises(NoBackendError, match="ANTWORT_BACKEND_URL"):
         await factory.build_provider(GatewaySettings())
+
+
+@pytest.mark.parametrize("script_turns", [{"turns": [[{"text": "hi"}]], "repeat": True}, {"tool_caller": {}}])
+async def test_a_served_script_does_not_keep_the_requests_it_answered(
+    tmp_path: Path, script_turns: dict[str, object]
+) -> None:
+    """`serve --script` runs for as long as a demo or a load test does: the inputs it answered must
+    not pile up in the process (200 requests of 8 MB once held 2 GiB)."""
+    script = tmp_path / "turns.json"
+    script.write_text(json.dumps(script_turns))
+    provider = await build_provider(GatewaySettings(script=script))
+    assert isinstance(provider, ScriptedProvider)
+    big = "x" * (256 * 1024)
+    async with running_gateway(provider=provider) as gw:
+        for _ in range(20):
+            request = user(big)
+            request.store = False
+            response = await gw.create(request)
+            assert response.status == pb.ResponseStatus.RESPONSE_STATUS_COMPLETED
+    held = sum(r.items[-1].ByteSize() for r in provider.requests if r.items)
+    assert held <= KEPT_BY_A_SERVED_SCRIPT * (len(big) + 64)
+    assert len(provider.modes) <= KEPT_BY_A_SERVED_SCRIPT
