@@ -96,7 +96,7 @@ def arguments_problem(position: int, calls: list[dict[str, Any]]) -> str | None:
     for n, call in enumerate(calls):
         arguments = (call.get("function") or {}).get("arguments")
         try:
-            json.loads(arguments)
+            json.loads(arguments if isinstance(arguments, str) else "")
         except (TypeError, ValueError):
             return f"Invalid 'messages[{position}].tool_calls[{n}].function.arguments': not valid JSON: {arguments!r}"
     return None
