@@ -186,6 +186,11 @@ class _Session:
                     async with contextlib.aclosing(run.events()) as events:
                         async for event in events:
                             self.watch.saw(event)
+                            if event.WhichOneof("event") in _TERMINAL:
+                                # The client may send its next create the moment it reads this
+                                # event, while the run still winds down (the early model call
+                                # discarded, the run let go of): the stream takes it from now.
+                                self.run = None
                             message = pb.ConverseResponse()
                             message.event.CopyFrom(event)
                             async with self.writing:
@@ -245,6 +250,9 @@ class _Session:
     async def _reject(self, err: RequestError) -> None:
         async with self.writing:
             await self.context.write(pb.ConverseResponse(rejected=rejection(err)))
+
+
+_TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled", "requires_action"})
 
 
 def _busy() -> RequestError:
