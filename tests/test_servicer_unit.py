@@ -16,11 +16,11 @@ import grpc_testing
 import pytest
 
 from antwort_grpc import pb
+from antwort_grpc.edge import Watch
 from antwort_grpc.engine import Engine, EngineConfig
 from antwort_grpc.executors.base import FunctionExecutor
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
 from antwort_grpc.responses.service import Responses
-from antwort_grpc.edge import Watch
 from antwort_grpc.server.servicer import ResponsesServicer, _Session
 from antwort_grpc.storage.memory import MemoryStore
 from tests.harness import function_tool
