@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -116,24 +117,17 @@ async def test_ask_json_prints_each_event_as_one_json_object_per_line() -> None:
     assert "".join(deltas) == "Hello there."
 
 
-async def test_ask_stops_at_requires_action_and_continues_with_previous_and_output() -> None:
+async def test_ask_stops_at_requires_action_and_the_hint_it_prints_continues_it_with_its_tools() -> None:
     async with gateway(Reply(tool_calls=[PARIS]), Reply(text="It is 21 °C in Paris.")) as (gw, fake):
         code, out = await ask("-t", gw.target, "--tools", json.dumps([WEATHER]), "Weather in Paris?")
         assert code == 0, out
         assert '→ get_weather {"city": "Paris"}' in out
         assert "waiting for your result of call_paris" in out
-        hint = re.search(r"continue with: antwort-grpc ask --previous (resp_\w+) --output call_paris='RESULT'", out)
-        assert hint is not None, out
-        code, out = await ask(
-            "-t",
-            gw.target,
-            "--tools",
-            json.dumps([WEATHER]),
-            "--previous",
-            hint[1],
-            "--output",
-            'call_paris={"temp": 21}',
-        )
+        hint = re.search(r"continue with: antwort-grpc ask (--previous resp_\w+ --tools .*)$", out, re.M)
+        assert hint is not None and "--output call_paris='RESULT'" in hint[1], out
+        # The hint as a shell reads it, with the result in place of RESULT.
+        continuation = shlex.split(hint[1].replace("'RESULT'", """'{"temp": 21}'"""))
+        code, out = await ask("-t", gw.target, *continuation)
     assert code == 0, out
     assert out.startswith("It is 21 °C in Paris.\ncompleted · ")
     assert fake.chat_requests[1]["messages"][-1] == {
@@ -175,7 +169,7 @@ async def test_ask_without_anyone_to_approve_ends_requires_action_and_says_how_t
         code, out = await ask("-t", gw.target, "--tools", json.dumps([GUARDED]), "Weather in Paris?")
     assert code == 0, out
     assert "waiting for a decision on call_paris" in out
-    assert re.search(r"continue with: antwort-grpc ask --previous resp_\w+ --approve call_paris", out), out
+    assert re.search(r"continue with: antwort-grpc ask --previous resp_\w+ --tools '.*' --approve call_paris", out), out
 
 
 async def test_ask_with_approve_all_approves_and_hands_the_call_out() -> None:
@@ -203,7 +197,7 @@ async def test_bad_input_and_an_unreachable_gateway_are_one_line() -> None:
     assert "cannot reach the gateway at 127.0.0.1:1" in out and "--target / ANTWORT_TARGET" in out
 
 
-async def test_chat_steers_a_running_answer_asks_for_approval_and_takes_a_tool_result() -> None:
+async def test_chat_from_a_pipe_steers_with_slash_steer_asks_for_approval_and_takes_a_tool_result() -> None:
     slow = Reply(text="Once upon a time " + "there was a long story " * 200, delay=0.02)
     async with gateway(
         slow, Reply(text="Short, as you asked."), Reply(tool_calls=[PARIS]), Reply(text="It is 21 °C in Paris.")
@@ -212,7 +206,7 @@ async def test_chat_steers_a_running_answer_asks_for_approval_and_takes_a_tool_r
         await chat.expect(r"you> $")
         await chat.type("Tell me a long story.")
         await chat.expect("Once upon a time")
-        await chat.type("Make it short.")  # typed while the answer streams: steers it
+        await chat.type("/steer Make it short.")  # from a pipe, a plain line would wait for the answer's end
         await chat.expect(r"↳ steered: Make it short\.")
         await chat.expect(r"Short, as you asked\.\ncompleted · resp_\w+ · fake-model")
         await chat.expect(r"you> $")
