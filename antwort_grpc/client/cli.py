@@ -14,6 +14,7 @@ from google.protobuf.json_format import ParseDict, ParseError
 
 from antwort_grpc import pb
 from antwort_grpc.client.connection import add_connection_flags, connection_from
+from antwort_grpc.client.render import HumanRenderer
 from antwort_grpc.client.session import (
     Interrupted,
     Options,
@@ -148,8 +149,8 @@ def _interruptible(run: Any, args: argparse.Namespace) -> int:
         return int(asyncio.run(run(args, sessions)))
     except (KeyboardInterrupt, Interrupted):
         renderer = sessions[0].renderer if sessions else None
-        if getattr(renderer, "mid_line", False):
-            print(flush=True)  # the interrupted answer's line ends first
+        if isinstance(renderer, HumanRenderer):
+            renderer.end_line()  # the interrupted answer's line ends first
         print("interrupted", file=sys.stderr)
         return 130
 

@@ -208,6 +208,9 @@ class Session:
         """Read typed lines (approvals, steering) from stdin while runs go on."""
         at_terminal = sys.stdin.isatty() and sys.stdout.isatty() and not self.options.json
         self.lines = TerminalLines() if at_terminal else Lines()
+        if at_terminal and isinstance(self.renderer, HumanRenderer):
+            self.renderer.end_line()
+            self.renderer.buffered = True
 
     @property
     def interactive(self) -> bool:
