@@ -57,8 +57,9 @@ def add_client_parsers(sub: Any) -> None:
     ask.set_defaults(run=_ask, approvals="ask")
     talk = sub.add_parser(
         "chat",
-        help="a conversation: type messages; while a run goes on, a line steers it "
-        "(/cancel, /pause, /resume, /follow TEXT), approvals are y/n",
+        help="a conversation: type messages; while an answer runs, a typed line steers it "
+        "(from a pipe: each line is the next message; /steer TEXT steers), /help lists the commands, "
+        "approvals are y/n (docs/cli.md)",
     )
     _request_flags(talk)
     talk.set_defaults(run=_chat, approvals="ask")
