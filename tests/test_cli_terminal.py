@@ -127,3 +127,20 @@ async def test_ctrl_c_at_the_approval_prompt_of_ask_is_one_line_and_exit_130() -
         screen = await pane.expect(r"^EXIT=130$")
     assert re.search(r"^interrupted\nEXIT=130$", screen, re.M), screen
     assert "Traceback" not in screen
+
+
+async def test_a_yes_typed_ahead_while_ask_streams_does_not_approve_the_call_that_comes_after() -> None:
+    talks_then_calls = Reply(text="Let me look that up for you first.", tool_calls=[PARIS], hold_at=4)
+    async with (
+        gateway(talks_then_calls, Reply(text="No weather, then.")) as (gw, fake),
+        terminal("ask", "-t", gw.target, "--tools", json.dumps([GUARDED]), "Weather in Paris?") as pane,
+    ):
+        await fake.wait_held()
+        await pane.expect("Let me")
+        await pane.keys("y", "Enter")  # typed before there is anything to approve
+        fake.release()
+        await pane.expect(r'^approve get_weather \{"city": "Paris"\}\? \[y/n\]$')
+        await pane.keys("n", "Enter")
+        screen = await pane.expect(r"^EXIT=0$")
+    assert "denied by the user" in screen and "No weather, then." in screen, screen
+    assert "y" not in re.findall(r"\[y/n\] (\S*)", screen), screen

@@ -14,6 +14,7 @@ import asyncio
 import collections
 import shlex
 import sys
+import termios
 import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -58,7 +59,7 @@ class Lines:
     def set_prompt(self, text: str) -> None:
         pass
 
-    def close(self) -> None:
+    async def close(self) -> None:
         pass
 
 
@@ -76,13 +77,14 @@ class TerminalLines:
 
         self.queue: asyncio.Queue[str | None] = asyncio.Queue()
         self.message = self.WAITING
+        self._closing = False
         self._session: PromptSession[str] = PromptSession()
         self._patch = patch_stdout(raw=True)
         self._patch.__enter__()
         self._task = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
-        while True:
+        while not self._closing:
             try:
                 line = await self._session.prompt_async(lambda: self.message)
             except EOFError:
@@ -100,8 +102,18 @@ class TerminalLines:
         if app.is_running:
             app.invalidate()
 
-    def close(self) -> None:
-        self._task.cancel()
+    async def close(self) -> None:
+        """Take the input line away, then give stdout back: what is still to be written (the
+        end of the answer, its status line) is written first."""
+        self._closing = True
+        app = self._session.app
+        if app.is_running:
+            self.message = ""  # the input line's last drawing stays on the screen: an empty one
+            app.exit(exception=EOFError())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), 5)
+        except (TimeoutError, asyncio.CancelledError):
+            self._task.cancel()
         self._patch.__exit__(None, None, None)
 
 
@@ -196,7 +208,7 @@ class Session:
         if self._line is not None:
             self._line.cancel()
         if self.lines is not None:
-            self.lines.close()
+            await self.lines.close()
         if self._call is not None:
             self._call.cancel()
 
@@ -204,9 +216,13 @@ class Session:
         while (message := await self._outbox.get()) is not None:
             yield message
 
-    def listen(self) -> None:
-        """Read typed lines (approvals, steering) from stdin while runs go on."""
+    def listen(self, *, fresh: bool = False) -> None:
+        """Read typed lines (approvals, steering) from stdin while runs go on. `fresh`: at a
+        terminal, what was typed before is dropped (typed ahead while `ask` streamed, a "y" and
+        Enter would otherwise approve a call before its prompt showed)."""
         at_terminal = sys.stdin.isatty() and sys.stdout.isatty() and not self.options.json
+        if at_terminal and fresh:
+            termios.tcflush(sys.stdin.fileno(), termios.TCIFLUSH)
         self.lines = TerminalLines() if at_terminal else Lines()
         if at_terminal and isinstance(self.renderer, HumanRenderer):
             self.renderer.end_line()
@@ -343,7 +359,7 @@ class Session:
                 await self._decide(request, policy == "all")
             return
         if self.lines is None:
-            self.listen()
+            self.listen(fresh=True)
         self._pending.approvals.extend(requests)
         self._ask_next()
         if self._held is not None:  # read from a pipe before the prompt came: it answers it
