@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: run run-tools test lint protos demo bench venv clean
+.PHONY: run run-tools test test-fast lint protos demo bench venv clean
 
 venv:
 	@scripts/bootstrap.sh
@@ -19,6 +19,10 @@ test: venv
 	@scripts/system-deps.sh
 	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest -q
+
+# The inner loop: everything but the heavy tests (tests/conftest.py lists them; `make test` runs them).
+test-fast: venv
+	$(PY) -m pytest -q -m "not heavy" --durations=10
 
 lint: venv
 	$(BIN)/ruff check antwort_grpc tests scripts examples

@@ -19,6 +19,8 @@ done
 # The Node example clients (examples/node): node and npm; the test installs their npm packages.
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
+# A real terminal for the CLI's tests (tests/test_cli_terminal.py): tmux runs the client in a pane.
+command -v tmux >/dev/null || need+=(tmux)
 # A real Prometheus server scrapes the gateway in tests/test_metrics.py (and promtool checks it).
 command -v promtool >/dev/null || need+=(prometheus)
 # kubectl renders the kustomize overlays in deploy/ (make lint, tests/test_deploy.py); it needs no

@@ -1,1 +1,32 @@
-"""Shared fixtures."""
+"""Shared fixtures, and which tests are heavy.
+
+Heavy tests run real toolchains, the real model or whole README walkthroughs: each takes tens of
+seconds to minutes. `make test` (and CI) runs everything; `make test-fast` (`pytest -m "not
+heavy"`) is the inner loop without them. The list is here, in one place, rather than a marker in
+each file, so that what the inner loop leaves out can be read at a glance.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+# Node id prefixes (as pytest prints them), and why each is heavy.
+HEAVY = {
+    "tests/test_readme.py::test_readme_block_": "README blocks against fresh gateways on the embedded model (minutes)",
+    "tests/test_bench_smoke.py": "builds the Go load generator and runs every benchmark figure",
+    "tests/interop/test_go_client.py": "builds and runs the Go example client",
+    "tests/interop/test_java_client.py": "compiles and runs the Java example client",
+    "tests/interop/test_node_client.py": "installs the Node example's npm packages and runs it",
+    "tests/providers/test_local_model.py::test_the_local_model_": "starts the real embedded model",
+    "tests/providers/test_local_model.py::test_the_response_names_": "starts the real embedded model",
+    "tests/test_fuzz_requests.py::test_any_request_gets_a_typed_answer": "hundreds of generated requests",
+    "tests/storage/test_durability.py": "kills and restarts gateway processes",
+    "tests/interop/test_go_keepalive.py": "a Go client holds an idle stream for a real minute",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    heavy = pytest.mark.heavy
+    for item in items:
+        if item.nodeid.startswith(tuple(HEAVY)):
+            item.add_marker(heavy)

@@ -7,6 +7,8 @@ import asyncio
 import json
 import os
 import re
+import shlex
+import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -116,24 +118,17 @@ async def test_ask_json_prints_each_event_as_one_json_object_per_line() -> None:
     assert "".join(deltas) == "Hello there."
 
 
-async def test_ask_stops_at_requires_action_and_continues_with_previous_and_output() -> None:
+async def test_ask_stops_at_requires_action_and_the_hint_it_prints_continues_it_with_its_tools() -> None:
     async with gateway(Reply(tool_calls=[PARIS]), Reply(text="It is 21 °C in Paris.")) as (gw, fake):
         code, out = await ask("-t", gw.target, "--tools", json.dumps([WEATHER]), "Weather in Paris?")
         assert code == 0, out
         assert '→ get_weather {"city": "Paris"}' in out
         assert "waiting for your result of call_paris" in out
-        hint = re.search(r"continue with: antwort-grpc ask --previous (resp_\w+) --output call_paris='RESULT'", out)
-        assert hint is not None, out
-        code, out = await ask(
-            "-t",
-            gw.target,
-            "--tools",
-            json.dumps([WEATHER]),
-            "--previous",
-            hint[1],
-            "--output",
-            'call_paris={"temp": 21}',
-        )
+        hint = re.search(r"continue with: antwort-grpc ask (--previous resp_\w+ --tools .*)$", out, re.M)
+        assert hint is not None and "--output call_paris='RESULT'" in hint[1], out
+        # The hint as a shell reads it, with the result in place of RESULT.
+        continuation = shlex.split(hint[1].replace("'RESULT'", """'{"temp": 21}'"""))
+        code, out = await ask("-t", gw.target, *continuation)
     assert code == 0, out
     assert out.startswith("It is 21 °C in Paris.\ncompleted · ")
     assert fake.chat_requests[1]["messages"][-1] == {
@@ -175,7 +170,7 @@ async def test_ask_without_anyone_to_approve_ends_requires_action_and_says_how_t
         code, out = await ask("-t", gw.target, "--tools", json.dumps([GUARDED]), "Weather in Paris?")
     assert code == 0, out
     assert "waiting for a decision on call_paris" in out
-    assert re.search(r"continue with: antwort-grpc ask --previous resp_\w+ --approve call_paris", out), out
+    assert re.search(r"continue with: antwort-grpc ask --previous resp_\w+ --tools '.*' --approve call_paris", out), out
 
 
 async def test_ask_with_approve_all_approves_and_hands_the_call_out() -> None:
@@ -203,7 +198,7 @@ async def test_bad_input_and_an_unreachable_gateway_are_one_line() -> None:
     assert "cannot reach the gateway at 127.0.0.1:1" in out and "--target / ANTWORT_TARGET" in out
 
 
-async def test_chat_steers_a_running_answer_asks_for_approval_and_takes_a_tool_result() -> None:
+async def test_chat_from_a_pipe_steers_with_slash_steer_asks_for_approval_and_takes_a_tool_result() -> None:
     slow = Reply(text="Once upon a time " + "there was a long story " * 200, delay=0.02)
     async with gateway(
         slow, Reply(text="Short, as you asked."), Reply(tool_calls=[PARIS]), Reply(text="It is 21 °C in Paris.")
@@ -212,7 +207,7 @@ async def test_chat_steers_a_running_answer_asks_for_approval_and_takes_a_tool_r
         await chat.expect(r"you> $")
         await chat.type("Tell me a long story.")
         await chat.expect("Once upon a time")
-        await chat.type("Make it short.")  # typed while the answer streams: steers it
+        await chat.type("/steer Make it short.")  # from a pipe, a plain line would wait for the answer's end
         await chat.expect(r"↳ steered: Make it short\.")
         await chat.expect(r"Short, as you asked\.\ncompleted · resp_\w+ · fake-model")
         await chat.expect(r"you> $")
@@ -269,3 +264,67 @@ async def test_ask_reaches_a_tls_gateway_with_a_token_and_with_a_client_certific
         assert code == 2 and "speaks TLS" in out, out
     finally:
         await gateway.stop(0)
+
+
+async def test_piped_lines_each_run_as_the_next_message_after_the_answer_before_them() -> None:
+    slow = Reply(text="A long first answer " + "and more " * 60, delay=0.01)
+    async with gateway(slow, Reply(text="Second answer.")) as (gw, fake):
+        chat = await Cli.start("chat", "-t", gw.target)
+        await chat.type("first question")
+        await chat.type("second question")  # in the pipe long before the first answer ends
+        code = await chat.finish()
+    assert code == 0, chat.output
+    assert "steered" not in chat.output
+    assert chat.output.count("completed · resp_") == 2, chat.output
+    second = fake.chat_requests[1]["messages"]
+    assert second[-1] == {"role": "user", "content": "second question"}
+    assert second[-2]["role"] == "assistant" and second[-2]["content"].rstrip().endswith("and more")
+
+
+async def test_help_and_unknown_commands_are_answered_here_and_never_sent_to_the_model() -> None:
+    async with gateway(Reply(text="Hello.")) as (gw, fake):
+        chat = await Cli.start("chat", "-t", gw.target)
+        for line in ("/help", "/frobnicate now", "/pause", "/follow", "//etc is a path", "/quit"):
+            await chat.type(line)
+        code = await chat.finish()
+    assert code == 0, chat.output
+    assert "/steer TEXT" in chat.output and "/follow TEXT" in chat.output, "the help lists the commands"
+    assert "unknown command /frobnicate: /help lists the commands" in chat.output
+    assert "/pause acts on a running answer, and none is running" in chat.output
+    assert "/follow acts on a running answer, and none is running" in chat.output
+    assert len(fake.chat_requests) == 1, "only the message went to the model"
+    assert fake.chat_requests[0]["messages"][-1] == {"role": "user", "content": "/etc is a path"}
+
+
+async def test_a_follow_up_the_response_ends_before_and_a_follow_without_text_say_so() -> None:
+    slow = Reply(text="A long answer " + "and more " * 100, delay=0.02, hold_at=3)
+    async with gateway(slow) as (gw, fake):
+        chat = await Cli.start("chat", "-t", gw.target)
+        await chat.type("Talk.")
+        await fake.wait_held()
+        await chat.type("/follow")  # without its text
+        await chat.expect("/follow needs the text to send: /follow TEXT")
+        await chat.type("/follow and then?")  # queued for after the answer…
+        await chat.type("/cancel")  # …which is cancelled instead
+        fake.release()
+        await chat.expect(r"cancelled · resp_\w+")
+        await chat.expect(r"/follow did not take effect: the response ended \(cancelled\) first")
+        code = await chat.finish()
+    assert code == 0, chat.output
+    assert len(fake.chat_requests) == 1
+
+
+async def test_ctrl_c_in_ask_while_the_answer_streams_and_at_the_approval_prompt_is_one_line_and_exit_130() -> None:
+    slow = Reply(text="A long answer " + "and more " * 400, delay=0.02)
+    async with gateway(slow, Reply(tool_calls=[PARIS])) as (gw, _):
+        streaming = await Cli.start("ask", "-t", gw.target, "Talk.")
+        await streaming.expect("A long answer")
+        streaming.process.send_signal(signal.SIGINT)
+        assert await streaming.finish() == 130, streaming.output
+        approving = await Cli.start("ask", "-t", gw.target, "--tools", json.dumps([GUARDED]), "Weather?")
+        await approving.expect(r"\[y/n\] $")
+        approving.process.send_signal(signal.SIGINT)
+        assert await approving.finish() == 130, approving.output
+    for cli in (streaming, approving):
+        assert "Traceback" not in cli.output
+        assert cli.output.endswith("\ninterrupted\n"), cli.output

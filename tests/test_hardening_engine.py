@@ -12,6 +12,8 @@ import pytest
 from antwort_grpc import pb
 from antwort_grpc.hooks import PolicyHook
 from antwort_grpc.hooks.server import HookServicer
+from antwort_grpc.hooks.service import Point
+from antwort_grpc.hooks.steps import HookFailure
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
 from tests.fakes import MockExecutor, echo
 from tests.harness import final, function_tool, running_gateway, user
@@ -184,3 +186,82 @@ async def test_a_fail_closed_hook_that_times_out_at_the_end_still_ends_in_the_te
     assert response.status == S.RESPONSE_STATUS_FAILED and response.error.code == "hook_failed"
     assert point in response.error.message
     assert stored.status == S.RESPONSE_STATUS_FAILED, "stored with its final status"
+
+
+async def test_a_server_call_approved_in_a_continuation_runs_with_its_execution_events_and_progress() -> None:
+    provider = ScriptedProvider([[Call.of("run_code", {"code": "print(1)"}, call_id="c1")], [Text("Ran it.")]])
+    sandbox = MockExecutor({"run_code": echo}, progress_messages=["compiling", "running"])
+    async with running_gateway(provider=provider, executors=[sandbox]) as gw:
+        asked = await gw.create(run_code_request(message("run it")))
+        assert asked.status == S.RESPONSE_STATUS_REQUIRES_ACTION and sandbox.calls == []
+        events = await gw.stream(run_code_request(decision("c1", True), previous=asked.id))
+    names = [e.WhichOneof("event") for e in events]
+    execution = [n for n in names if n.startswith("tool_execution_")]
+    assert execution == [
+        "tool_execution_in_progress",
+        "tool_execution_progress",
+        "tool_execution_progress",
+        "tool_execution_completed",
+    ], names
+    progress = [e.tool_execution_progress for e in events if e.HasField("tool_execution_progress")]
+    assert [(p.call_id, p.message) for p in progress] == [("c1", "compiling"), ("c1", "running")]
+    assert final(events).status == S.RESPONSE_STATUS_COMPLETED and [c.call_id for c in sandbox.calls] == ["c1"]
+
+
+class DeniesEveryWay(PolicyHook):
+    """Denies run_code at the point the test names: on the approval path, before the tool runs,
+    or by failing (fail-closed) there."""
+
+    name = "deny-every-way"
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    async def approve_tool(self, request: pb.ApproveToolRequest) -> pb.ApproveToolResponse:
+        if self.how == "approve_tool":
+            return pb.ApproveToolResponse(decision=pb.ApproveToolResponse.DECISION_DENY, reason="not today")
+        return pb.ApproveToolResponse()
+
+    async def before_tool(self, request: pb.BeforeToolRequest) -> pb.BeforeToolResponse:
+        if self.how == "crash":
+            raise RuntimeError("the rules are unreadable")
+        if self.how == "before_tool":
+            return pb.BeforeToolResponse(deny_reason="not today")
+        return pb.BeforeToolResponse()
+
+
+@pytest.mark.parametrize("how", ["approve_tool", "before_tool", "crash"])
+async def test_a_hooks_denial_shown_to_the_model_never_names_where_the_hook_runs(how: str) -> None:
+    provider = ScriptedProvider([[Call.of("run_code", {"code": "print(1)"}, call_id="c1")], [Text("Denied.")]])
+    sandbox = MockExecutor({"run_code": echo})
+    async with (
+        hook_server(HookServicer(DeniesEveryWay(how))) as target,
+        running_gateway(provider=provider, executors=[sandbox], hooks=[f"{target};failure=closed;timeout=5"]) as gw,
+    ):
+        request = run_code_request(message("run it"))
+        if how != "approve_tool":
+            request.tools[0].ClearField("require_approval")
+        response = final(await gw.stream(request))
+    assert sandbox.calls == [], "the call was denied"
+    shown = [i.function_call_output for i in provider.requests[-1].items if i.HasField("function_call_output")]
+    assert len(shown) == 1 and shown[0].is_error, shown
+    stored = next(i.function_call_output for i in response.output if i.HasField("function_call_output"))
+    for text in (shown[0].output, stored.output):
+        assert target not in text and "127.0.0.1" not in text, f"the hook's address is in {text!r}"
+    if how != "approve_tool":
+        assert "deny-every-way" in shown[0].output, "the hook is named by its own name"
+
+
+def test_a_hook_failure_the_model_reads_leaves_out_every_address_in_the_error() -> None:
+    """A hook that went away mid-run: gRPC's error names where it ran, in more than one spelling."""
+    error = (
+        "AioRpcError: UNAVAILABLE: failed to connect to all addresses; last error: UNKNOWN: "
+        "ipv4:10.1.2.3:7070: Connection refused (hooks.internal:7070, ipv6:[fd00::5]:7070)"
+    )
+    failure = HookFailure("policy (hooks.internal:7070)", Point.HOOK_POINT_BEFORE_TOOL, error, "c1",
+                          label="policy", target="hooks.internal:7070")  # fmt: skip
+    shown = failure.shown()
+    assert shown.startswith("hook policy failed at before_tool: AioRpcError: UNAVAILABLE")
+    for address in ("10.1.2.3", "hooks.internal", "fd00::5", "7070"):
+        assert address not in shown, shown
+    assert "hooks.internal:7070" in failure.describe(), "the operator's log keeps it"

@@ -195,6 +195,32 @@ async def test_steer_cuts_a_streaming_tool_call_and_gives_it_an_output_before_th
     assert roles[-3:] == ["assistant", "tool", "user"]
 
 
+async def test_steer_that_cuts_a_call_mid_arguments_keeps_them_and_sends_the_backend_json(
+    fake: FakeOpenAI, backend: OpenAICompatProvider
+) -> None:
+    # Four fragments of '{"city": "Paris"}': the backend holds after the first, '{"cit'.
+    call = ScriptedToolCall(id="call_x", name="get_weather", arguments='{"city": "Paris"}', fragments=4)
+    fake.add(Reply(tool_calls=[call], hold_at=3), Reply(text="Rome, then."))
+    async with running_gateway(provider=backend) as gw:
+        session = Session(gw)
+        request = user("weather?")
+        request.tools.append(function_tool("get_weather", city="string"))
+        await session.start(request)
+        await session.until("function_call_arguments_delta")
+        await fake.wait_held()
+        await session.send(steer("Rome instead"))
+        await session.until("input_injected")
+        fake.release()
+        terminal = await session.until("terminal")
+    response = terminal.completed.response
+    assert response.status == S.RESPONSE_STATUS_COMPLETED, response.error
+    assert response.output[0].function_call.arguments == '{"cit', "the stored call is what the model wrote"
+    sent = fake.chat_requests[1]["messages"]
+    assistant = next(m for m in sent if m.get("tool_calls"))
+    assert assistant["tool_calls"][0]["function"]["arguments"] == "{}"
+    assert messages_of(fake.chat_requests[1])[-1] == ("user", "Rome instead")
+
+
 async def test_steer_during_tool_execution_lets_running_calls_finish_then_injects() -> None:
     tool = GatedTool()
     provider = ScriptedProvider([[Call.of("slow", {}, call_id="c1")], [Text("Adjusted.")]])

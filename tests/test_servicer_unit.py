@@ -16,11 +16,12 @@ import grpc_testing
 import pytest
 
 from antwort_grpc import pb
+from antwort_grpc.edge import Watch
 from antwort_grpc.engine import Engine, EngineConfig
 from antwort_grpc.executors.base import FunctionExecutor
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
 from antwort_grpc.responses.service import Responses
-from antwort_grpc.server.servicer import ResponsesServicer
+from antwort_grpc.server.servicer import ResponsesServicer, _Session
 from antwort_grpc.storage.memory import MemoryStore
 from tests.harness import function_tool
 
@@ -134,3 +135,75 @@ def test_get_response_of_unknown_id_is_not_found(server: Any) -> None:
     _, _, code, details = rpc.termination()
     assert code == grpc.StatusCode.NOT_FOUND
     assert "resp_nope" in details
+
+
+class _RunThatWindsDown:
+    """A response whose event stream stays open after its terminal event until the test lets it
+    go (a real run discards an early model call and lets go of the run there)."""
+
+    def __init__(self, wound_down: asyncio.Event) -> None:
+        self.wound_down = wound_down
+
+    async def events(self) -> Any:
+        yield pb.StreamEvent(created=pb.ResponseCreatedEvent(response=pb.Response(id="resp_1")))
+        yield pb.StreamEvent(completed=pb.ResponseCompletedEvent(response=pb.Response(id="resp_1")))
+        await self.wound_down.wait()
+
+    def send(self, control: pb.Control) -> None:
+        pass
+
+    def detach(self) -> None:
+        pass
+
+
+class _Responses:
+    def __init__(self) -> None:
+        self.wound_down = asyncio.Event()
+        self.created: list[pb.CreateResponseRequest] = []
+
+    async def create(self, request: pb.CreateResponseRequest, **_: Any) -> _RunThatWindsDown:
+        self.created.append(request)
+        return _RunThatWindsDown(self.wound_down)
+
+
+class _Context:
+    def __init__(self) -> None:
+        self.written: asyncio.Queue[pb.ConverseResponse] = asyncio.Queue()
+
+    async def write(self, message: pb.ConverseResponse) -> None:
+        self.written.put_nowait(message)
+
+    def time_remaining(self) -> None:
+        return None
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+
+async def test_a_converse_stream_takes_the_next_create_from_the_terminal_event_on() -> None:
+    """A client sends its next response the moment it reads the terminal event (the Go example
+    does; so does `antwort-grpc chat` on a pipe); the run may still be winding down then."""
+    responses, context = _Responses(), _Context()
+    requests: asyncio.Queue[pb.ConverseRequest | None] = asyncio.Queue()
+    handled = asyncio.Event()  # the stream has acted on the message sent last
+
+    async def sent() -> Any:
+        while (request := await requests.get()) is not None:
+            yield request
+            handled.set()  # asked for the next one: done with this one
+
+    session = _Session(responses, sent(), context, Watch(None, None, ()))  # type: ignore[arg-type]
+    serving = asyncio.create_task(session.serve())
+    requests.put_nowait(pb.ConverseRequest(create=pb.CreateResponseRequest(input_text="one")))
+    async with asyncio.timeout(10):
+        while not (await context.written.get()).event.HasField("completed"):
+            pass
+    handled.clear()
+    requests.put_nowait(pb.ConverseRequest(create=pb.CreateResponseRequest(input_text="two")))
+    await asyncio.wait_for(handled.wait(), 10)  # taken or refused while the run winds down
+    responses.wound_down.set()
+    answer = await asyncio.wait_for(context.written.get(), 10)
+    assert not answer.HasField("rejected"), answer.rejected
+    assert [r.input_text for r in responses.created] == ["one", "two"]
+    requests.put_nowait(None)
+    await asyncio.wait_for(serving, 10)

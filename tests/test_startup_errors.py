@@ -17,11 +17,27 @@ ROOT = Path(__file__).resolve().parents[1]
 ANTWORT = str(Path(sys.executable).parent / "antwort-grpc")
 
 
+# A command that gets as far as listening listens on a free port, and keeps its files out of the
+# checkout: the failure under test is the one reported even while `make run` (127.0.0.1:50051,
+# var/) is up, or an executor or hook on its default port.
+ANYWHERE = {
+    "ANTWORT_LISTEN": "127.0.0.1:0",
+    "ANTWORT_EXECUTOR_LISTEN": "127.0.0.1:0",
+    "ANTWORT_HOOK_LISTEN": "127.0.0.1:0",
+}
+
+
 def run(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("ANTWORT_")}
+    environment.update(ANYWHERE)
     return subprocess.run(
         [ANTWORT, *args], capture_output=True, text=True, timeout=60, cwd=cwd, env={**environment, **(env or {})}
     )
+
+
+@pytest.fixture(autouse=True)
+def _out_of_the_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(ANYWHERE, "ANTWORT_DATA_DIR", str(tmp_path / "var"))
 
 
 def assert_one_line(result: subprocess.CompletedProcess[str], *names: str) -> str:

@@ -14,7 +14,16 @@ from google.protobuf.json_format import ParseDict, ParseError
 
 from antwort_grpc import pb
 from antwort_grpc.client.connection import add_connection_flags, connection_from
-from antwort_grpc.client.session import Options, Session, chat, continuation_hint, exit_code, user_message
+from antwort_grpc.client.render import HumanRenderer
+from antwort_grpc.client.session import (
+    Interrupted,
+    Options,
+    Session,
+    chat,
+    continuation_hint,
+    exit_code,
+    user_message,
+)
 from antwort_grpc.startup_errors import StartupError
 
 
@@ -48,8 +57,9 @@ def add_client_parsers(sub: Any) -> None:
     ask.set_defaults(run=_ask, approvals="ask")
     talk = sub.add_parser(
         "chat",
-        help="a conversation: type messages; while a run goes on, a line steers it "
-        "(/cancel, /pause, /resume, /follow TEXT), approvals are y/n",
+        help="a conversation: type messages; while an answer runs, a typed line steers it "
+        "(from a pipe: each line is the next message; /steer TEXT steers), /help lists the commands, "
+        "approvals are y/n (docs/cli.md)",
     )
     _request_flags(talk)
     talk.set_defaults(run=_chat, approvals="ask")
@@ -110,7 +120,7 @@ def _ask_items(args: argparse.Namespace) -> list[pb.Item]:
     return items
 
 
-async def _ask_async(args: argparse.Namespace) -> int:
+async def _ask_async(args: argparse.Namespace, sessions: list[Session]) -> int:
     connection = connection_from(args)
     items = _ask_items(args)
     async with connection.channel() as channel:
@@ -118,29 +128,41 @@ async def _ask_async(args: argparse.Namespace) -> int:
         async with Session(
             stub, _options(args, connection.metadata), connection.target, unreachable=connection.unreachable
         ) as session:
+            sessions.append(session)
             response = await session.run(session.request(items, args.previous))
-            if not args.json and (hint := continuation_hint(session.last_event)) is not None:
+            if not args.json and (hint := continuation_hint(session.last_event, args.tools)) is not None:
                 session.prompts.print(hint, style="dim", highlight=False, soft_wrap=True)
     return exit_code(response)
 
 
-async def _chat_async(args: argparse.Namespace) -> int:
+async def _chat_async(args: argparse.Namespace, sessions: list[Session]) -> int:
     connection = connection_from(args)
     async with connection.channel() as channel:
         stub = pb.ResponsesServiceStub(channel)
         async with Session(
             stub, _options(args, connection.metadata), connection.target, unreachable=connection.unreachable
         ) as session:
+            sessions.append(session)
             return await chat(session, args.previous)
 
 
+def _interruptible(run: Any, args: argparse.Namespace) -> int:
+    """Ctrl-C (a SIGINT, or the key at the terminal's input line) ends the client with one line
+    and the shell's exit code for it, 130; leaving the stream cancels what ran on it."""
+    sessions: list[Session] = []
+    try:
+        return int(asyncio.run(run(args, sessions)))
+    except (KeyboardInterrupt, Interrupted):
+        renderer = sessions[0].renderer if sessions else None
+        if isinstance(renderer, HumanRenderer):
+            renderer.end_line()  # the interrupted answer's line ends first
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
 def _ask(args: argparse.Namespace) -> int:
-    return asyncio.run(_ask_async(args))
+    return _interruptible(_ask_async, args)
 
 
 def _chat(args: argparse.Namespace) -> int:
-    try:
-        return asyncio.run(_chat_async(args))
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130
+    return _interruptible(_chat_async, args)

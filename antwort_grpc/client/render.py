@@ -74,18 +74,49 @@ class HumanRenderer:
         self.started = time.monotonic()
         self.mid_line = False
         self._streaming: str | None = None  # "text" or "reasoning" while deltas arrive
+        # Whole lines only (set while an input line is drawn below the output: a partial line
+        # would be redrawn under it); the line being streamed waits here until it is complete.
+        self.buffered = False
+        self._partial = Text()
 
     def restart_clock(self) -> None:
         self.started = time.monotonic()
 
     def _inline(self, text: str, style: str = "") -> None:
+        if self.buffered:
+            self._partial.append(text, style)
+            self._emit_whole_lines()
+            self.mid_line = bool(self._partial.plain)
+            return
         self.console.print(Text(text, style=style), end="", soft_wrap=True)
         self.mid_line = not text.endswith("\n")
 
-    def line(self, text: str | Text, style: str = "") -> None:
+    def _emit_whole_lines(self) -> None:
+        width = max(self.console.width, 20)
+        while True:
+            plain = self._partial.plain
+            if "\n" in plain:
+                cut, skip = plain.index("\n"), 1
+            elif len(plain) >= width:
+                space = plain.rfind(" ", 0, width)
+                cut, skip = (space, 1) if space > 0 else (width, 0)
+            else:
+                return
+            self.console.print(self._partial[:cut], soft_wrap=True)
+            self._partial = self._partial[cut + skip :]
+
+    def end_line(self) -> None:
+        """End the line being streamed, if one is."""
         if self.mid_line:
-            self.console.print()
+            if self.buffered:
+                self.console.print(self._partial, soft_wrap=True)
+                self._partial = Text()
+            else:
+                self.console.print()
             self.mid_line = False
+
+    def line(self, text: str | Text, style: str = "") -> None:
+        self.end_line()
         self._streaming = None
         self.console.print(text if isinstance(text, Text) else Text(text, style=style), soft_wrap=True)
 
@@ -105,9 +136,8 @@ class HumanRenderer:
             self._terminal(kind, response, event)
 
     def _delta(self, stream: str, delta: str, style: str) -> None:
-        if self._streaming != stream and self.mid_line:
-            self.console.print()
-            self.mid_line = False
+        if self._streaming != stream:
+            self.end_line()
         self._streaming = stream
         self._inline(delta, style)
 
@@ -131,8 +161,7 @@ class HumanRenderer:
             style = "red" if output.is_error else "green"
             self.line(Text.assemble(("  ← ", style), (preview, style)))
         elif kind in ("message", "reasoning") and self.mid_line:
-            self.console.print()
-            self.mid_line = False
+            self.end_line()
             self._streaming = None
 
     def _on_tool_execution_in_progress(self, e: pb.ToolExecutionInProgressEvent) -> None:

@@ -1,16 +1,20 @@
 """Runs on one `Converse` stream: `ask` runs one response, `chat` one after another.
 
 Lines the person types while a response runs act on it: the answer to an approval prompt (y/n),
-a `/command` (`/cancel`, `/pause [reason]`, `/resume`, `/follow TEXT`), or otherwise a steering
-message. Lines come from any source (a terminal, a pipe), one at a time, so the client works the
-same under a script as in a terminal.
+a `/command` (`/help` lists them; an unknown one is answered here, never sent), or otherwise a
+steering message. At a terminal, typing happens on an input line of its own below the output
+(prompt_toolkit), so what is typed never mixes with the answer streaming above it. From a pipe or
+a file, each line is the next message, sent once the response before it has ended; an approval
+prompt takes the next line as its answer, and `/steer TEXT` steers (docs/cli.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import shlex
 import sys
+import termios
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,9 +33,18 @@ ApprovalPolicy = Literal["ask", "all", "none"]
 DENIED_BY_USER = "denied by the user"
 
 
+class Interrupted(Exception):
+    """Ctrl-C at the terminal's input line (the terminal is in raw mode there: no SIGINT)."""
+
+
+_INTERRUPT = "\x03"
+
+
 class Lines:
     """Lines of stdin as an asyncio queue (None at end of input). A thread reads, because a
-    terminal, a pipe and a file all block the same way there."""
+    pipe and a file block the same way there."""
+
+    interactive = False
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[str | None] = asyncio.Queue()
@@ -42,6 +55,78 @@ class Lines:
         for line in sys.stdin:
             self._loop.call_soon_threadsafe(self.queue.put_nowait, line.rstrip("\n"))
         self._loop.call_soon_threadsafe(self.queue.put_nowait, None)
+
+    def set_prompt(self, text: str) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+class TerminalLines:
+    """Lines typed at a terminal, on an input line of their own: prompt_toolkit draws it below
+    everything printed (its patched stdout), so the answer streams above what is being typed."""
+
+    interactive = True
+    # While a response runs, a typed line steers it.
+    WAITING = "steer> "
+
+    def __init__(self) -> None:
+        from prompt_toolkit import PromptSession
+        from prompt_toolkit.patch_stdout import patch_stdout
+
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self.message = self.WAITING
+        self._closing = False
+        self._session: PromptSession[str] = PromptSession()
+        self._patch = patch_stdout(raw=True)
+        self._patch.__enter__()
+        self._task = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        while not self._closing:
+            try:
+                line = await self._session.prompt_async(lambda: self.message)
+            except EOFError:
+                self.queue.put_nowait(None)
+                return
+            except KeyboardInterrupt:
+                self.queue.put_nowait(_INTERRUPT)
+                return
+            self.message = self.WAITING
+            self.queue.put_nowait(line)
+
+    def set_prompt(self, text: str) -> None:
+        self.message = text
+        app = self._session.app
+        if app.is_running:
+            app.invalidate()
+
+    async def close(self) -> None:
+        """Take the input line away, then give stdout back: what is still to be written (the
+        end of the answer, its status line) is written first."""
+        self._closing = True
+        app = self._session.app
+        if app.is_running:
+            self.message = ""  # the input line's last drawing stays on the screen: an empty one
+            app.exit(exception=EOFError())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), 5)
+        except (TimeoutError, asyncio.CancelledError):
+            self._task.cancel()
+        self._patch.__exit__(None, None, None)
+
+
+HELP = """commands (while an answer runs, unless marked):
+  /cancel          stop the running answer
+  /pause [REASON]  pause it at its next check point; /resume goes on
+  /steer TEXT      steer it with TEXT (at a terminal, any plain line steers)
+  /follow TEXT     queue TEXT as a follow-up, answered after the current answer
+  /help            this list
+  /quit            end the chat (between answers; during one: after it)
+  //TEXT           a message that starts with a slash
+approval prompts take y or n."""
+_RUN_COMMANDS = ("/cancel", "/pause", "/resume", "/steer", "/follow")
 
 
 def user_message(text: str) -> pb.Item:
@@ -122,8 +207,13 @@ class Session:
         # Prompts go to stderr in --json mode, so stdout stays one JSON object per line.
         self.prompts = Console(stderr=True, highlight=False) if options.json else self.console
         self.renderer: Renderer = JsonRenderer(self.console) if options.json else HumanRenderer(self.console)
-        self.lines: Lines | None = None
+        self.lines: Lines | TerminalLines | None = None
         self._line: asyncio.Future[str | None] | None = None
+        # From a pipe: a message read while a response ran, sent once it has ended.
+        self._held: str | None = None
+        # /pause and /follow sent during the running response, until they take effect.
+        self._asked: set[str] = set()
+        self.quit = False
         self._call: Any = None
         self._pending = _Pending()
         self._eof = False
@@ -142,6 +232,8 @@ class Session:
     async def __aexit__(self, *exc: object) -> None:
         if self._line is not None:
             self._line.cancel()
+        if self.lines is not None:
+            await self.lines.close()
         if self._call is not None:
             self._call.cancel()
 
@@ -149,11 +241,26 @@ class Session:
         while (message := await self._outbox.get()) is not None:
             yield message
 
-    def listen(self) -> None:
-        """Read typed lines (approvals, steering) from stdin while runs go on."""
-        self.lines = Lines()
+    def listen(self, *, fresh: bool = False) -> None:
+        """Read typed lines (approvals, steering) from stdin while runs go on. `fresh`: at a
+        terminal, what was typed before is dropped (typed ahead while `ask` streamed, a "y" and
+        Enter would otherwise approve a call before its prompt showed)."""
+        at_terminal = sys.stdin.isatty() and sys.stdout.isatty() and not self.options.json
+        if at_terminal and fresh:
+            termios.tcflush(sys.stdin.fileno(), termios.TCIFLUSH)
+        self.lines = TerminalLines() if at_terminal else Lines()
+        if at_terminal and isinstance(self.renderer, HumanRenderer):
+            self.renderer.end_line()
+            self.renderer.buffered = True
+
+    @property
+    def interactive(self) -> bool:
+        return self.lines is not None and self.lines.interactive
 
     async def next_line(self) -> str | None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            return held
         if self.lines is None or self._eof:
             return None
         if self._line is None:
@@ -162,10 +269,15 @@ class Session:
         # and the next caller gets its line.
         line = await asyncio.shield(self._line)
         self._line = None
+        if line == _INTERRUPT:
+            raise Interrupted
         self._eof = line is None
         return line
 
     def prompt(self, text: str) -> None:
+        if self.lines is not None and self.lines.interactive:
+            self.lines.set_prompt(text)
+            return
         self.prompts.print(Text(text, style="bold"), end="")
         # Piped input is not echoed: what follows the prompt starts on a line of its own.
         if isinstance(self.renderer, HumanRenderer) and self.prompts is self.console and not sys.stdin.isatty():
@@ -216,7 +328,9 @@ class Session:
             read = read or asyncio.ensure_future(call.read())
             waits: set[asyncio.Future[Any]] = {read}
             line = None
-            if self.lines is not None and not self._eof:
+            # From a pipe, a message read during the run waits for its end: nothing after it is
+            # read until then (an approval prompt takes it as its answer, if it is one).
+            if self.lines is not None and not self._eof and self._held is None:
                 line = asyncio.ensure_future(self.next_line())
                 waits.add(line)
             done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -233,15 +347,32 @@ class Session:
                 raise StartupError("the gateway closed the stream before the response ended")
             if message.WhichOneof("message") == "rejected":
                 self.renderer.rejected(message.rejected)
+                self._asked.clear()  # the rejection says why it will not happen
                 continue
             event = message.event
             self.renderer.event(event)
+            self._took_effect(event)
             if event.WhichOneof("event") == "approval_requested":
                 await self._approvals(event.approval_requested.requests)
             if (response := terminal_response(event)) is not None:
                 self.last, self.last_event = response, event
                 self._pending.approvals.clear()
+                self._unanswered(response)
                 return response
+
+    def _took_effect(self, event: pb.StreamEvent) -> None:
+        kind = event.WhichOneof("event")
+        if kind == "paused":
+            self._asked.discard("/pause")
+        elif kind == "input_injected" and event.input_injected.kind == pb.InputKind.INPUT_KIND_FOLLOW_UP:
+            self._asked.discard("/follow")
+
+    def _unanswered(self, response: pb.Response) -> None:
+        """A /pause or /follow the response ended before: said, not left to be wondered about."""
+        status = pb.ResponseStatus.Name(response.status).removeprefix("RESPONSE_STATUS_").lower()
+        for command in sorted(self._asked):
+            self.renderer.note(f"{command} did not take effect: the response ended ({status}) first")
+        self._asked.clear()
 
     async def _control(self, control: pb.Control) -> None:
         self._outbox.put_nowait(pb.ConverseRequest(control=control))
@@ -253,9 +384,12 @@ class Session:
                 await self._decide(request, policy == "all")
             return
         if self.lines is None:
-            self.listen()
+            self.listen(fresh=True)
         self._pending.approvals.extend(requests)
         self._ask_next()
+        if self._held is not None:  # read from a pipe before the prompt came: it answers it
+            line, self._held = self._held, None
+            await self._typed(line)
 
     def _ask_next(self) -> None:
         if self._pending.approvals:
@@ -276,6 +410,9 @@ class Session:
                 self._outbox.put_nowait(None)
             return
         text = line.strip()
+        if is_command(text):
+            await self._command(text)
+            return
         if self._pending.approvals:
             answer = text.lower()
             if answer in ("y", "yes", "n", "no"):
@@ -284,29 +421,70 @@ class Session:
             return
         if not text:
             return
+        if not self.interactive:
+            self._held = line  # the next message, once this response has ended
+            return
+        await self._steer(unslashed(text))
+
+    async def _steer(self, text: str) -> None:
+        await self._control(pb.Control(steer=pb.SteerControl(items=[user_message(text)])))
+
+    async def _command(self, text: str) -> None:
         command, _, rest = text.partition(" ")
+        rest = rest.strip()
         if command == "/cancel":
             await self._control(pb.Control(cancel=pb.CancelControl()))
         elif command == "/pause":
+            self._asked.add(command)
             await self._control(pb.Control(pause=pb.PauseControl(reason=rest)))
         elif command == "/resume":
             await self._control(pb.Control(resume=pb.ResumeControl()))
-        elif command == "/follow" and rest:
+        elif command in ("/steer", "/follow") and not rest:
+            self.renderer.note(f"{command} needs the text to send: {command} TEXT")
+        elif command == "/steer":
+            await self._steer(rest)
+        elif command == "/follow":
+            self._asked.add(command)
             await self._control(pb.Control(follow_up=pb.FollowUpControl(items=[user_message(rest)])))
+        elif command == "/quit":
+            self.quit = True
+            self.renderer.note("the chat ends after this answer (/cancel stops it now)")
         else:
-            await self._control(pb.Control(steer=pb.SteerControl(items=[user_message(text)])))
+            self.local_command(command)
+        self._ask_next()
+
+    def local_command(self, command: str) -> None:
+        """What is answered here, never sent: /help, a run's command with no run, an unknown one."""
+        if command == "/help":
+            self.renderer.note(HELP)
+        elif command in _RUN_COMMANDS:
+            self.renderer.note(f"{command} acts on a running answer, and none is running")
+        else:
+            self.renderer.note(f"unknown command {command}: /help lists the commands (//TEXT sends a message)")
+
+
+def is_command(text: str) -> bool:
+    return text.startswith("/") and not text.startswith("//")
+
+
+def unslashed(text: str) -> str:
+    """`//TEXT` is the message `/TEXT`."""
+    return text[1:] if text.startswith("//") else text
 
 
 def exit_code(response: pb.Response | None) -> int:
     return 1 if response is None or response.status == pb.ResponseStatus.RESPONSE_STATUS_FAILED else 0
 
 
-def continuation_hint(event: pb.StreamEvent | None) -> str | None:
-    """How to continue a response that waits for the client, as a command line."""
+def continuation_hint(event: pb.StreamEvent | None, tools: str | None = None) -> str | None:
+    """How to continue a response that waits for the client, as a command line. `tools`: the
+    --tools value the response was asked with (a continuation runs its calls with them)."""
     if event is None or event.WhichOneof("event") != "requires_action":
         return None
     action = event.requires_action
     parts = [f"antwort-grpc ask --previous {action.response.id}"]
+    if tools:
+        parts.append(f"--tools {shlex.quote(tools)}")
     parts += [f"--output {call.call_id}='RESULT'" for call in action.tool_calls]
     parts += [f"--approve {request.call_id}" for request in action.approval_requests]
     return "continue with: " + " ".join(parts)
@@ -316,7 +494,7 @@ async def chat(session: Session, first_previous: str = "") -> int:
     """Prompt, run, repeat, until end of input or /quit."""
     previous = first_previous
     session.listen()
-    while True:
+    while not session.quit:
         items: list[pb.Item] = []
         event = session.last_event
         if event is not None and event.WhichOneof("event") == "requires_action":
@@ -329,10 +507,15 @@ async def chat(session: Session, first_previous: str = "") -> int:
         else:
             session.prompt("you> ")
             line = await session.next_line()
-            if line is None or line.strip() == "/quit":
-                return exit_code(session.last) if session.last is not None else 0
-            if not line.strip():
+            text = (line or "").strip()
+            if line is None or text == "/quit":
+                break
+            if is_command(text):
+                session.local_command(text.partition(" ")[0])
                 continue
-            items.append(user_message(line))
+            if not text:
+                continue
+            items.append(user_message(unslashed(text)))
         response = await session.run(session.request(items, previous))
         previous = response.id
+    return exit_code(session.last) if session.last is not None else 0

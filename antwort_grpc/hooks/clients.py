@@ -54,7 +54,9 @@ _CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 class HookClient(Protocol):
     """What the dispatcher needs of a hook, wherever it runs."""
 
-    name: str
+    name: str  # for the logs: its name and where it runs
+    label: str  # for the model and the client: its own name ("" when it has none), never an address
+    target: str  # where it runs ("" in the gateway's process)
     timeout: float
     fail_open: bool
 
@@ -111,7 +113,8 @@ class LocalHook:
 
     def __init__(self, hook: PolicyHook, timeout: float, fail_open: bool) -> None:
         self.hook = hook
-        self.name = hook.name
+        self.name = self.label = hook.name
+        self.target = ""
         self.timeout = timeout
         self.fail_open = fail_open
         self._points = hook.points()
@@ -142,6 +145,7 @@ class RemoteHook:
     def __init__(self, target: str, timeout: float, fail_open: bool, retry_interval: float = 1.0) -> None:
         self.target = target
         self.name = target
+        self.label = ""
         self.timeout = timeout
         self.fail_open = fail_open
         self.retry_interval = retry_interval
@@ -195,6 +199,7 @@ class RemoteHook:
             self._session = SessionClient(self._stub, self.target)
         if info.name:
             self.name = f"{info.name} ({self.target})"
+            self.label = info.name
         log.info("hook service %s wants %s", self.name, sorted(POINTS[p].method for p in self._points))
         self.known.set()
         return True

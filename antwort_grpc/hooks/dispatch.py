@@ -332,11 +332,11 @@ class Dispatcher:
                 if isinstance(outcome, HookFailure):
                     if hook.fail_open:
                         run.failures.append(outcome)
-                        ended = ask.step.take(hook.name, None)
+                        ended = ask.step.take(hook.label, None)
                     else:
                         ended = ask.step.fail_closed(outcome)
                 else:
-                    ended = ask.step.take(hook.name, outcome)
+                    ended = ask.step.take(hook.label, outcome)
                 if ended:
                     return True
             plan = [a.step for a in asks[len(outcomes) :]]
@@ -367,11 +367,11 @@ class Dispatcher:
         try:
             async with asyncio.timeout(timeout):
                 exchange = await hook.exchange([a.request for a in asks], run.caller)
-            outcomes = _outcomes(hook.name, asks, exchange)
+            outcomes = _outcomes(hook, asks, exchange)
         except TimeoutError:
-            outcomes = [_failure(hook.name, a, f"no answer within {timeout:g}s") for a in asks]
+            outcomes = [_failure(hook, a, f"no answer within {timeout:g}s") for a in asks]
         except Exception as err:
-            outcomes = [_failure(hook.name, a, f"{type(err).__name__}: {err}") for a in asks]
+            outcomes = [_failure(hook, a, f"{type(err).__name__}: {err}") for a in asks]
         finally:
             run.seconds += time.perf_counter() - started
         for outcome in outcomes:
@@ -381,7 +381,7 @@ class Dispatcher:
         return outcomes
 
 
-def _outcomes(hook: str, asks: list[_Ask], exchange: Exchange) -> list[Message | HookFailure]:
+def _outcomes(hook: HookClient, asks: list[_Ask], exchange: Exchange) -> list[Message | HookFailure]:
     """The answers checked, up to and including the first that is not empty; then the failure of
     the call after them, if the hook stopped early without an answer that explains it."""
     outcomes: list[Message | HookFailure] = []
@@ -403,5 +403,5 @@ def _outcomes(hook: str, asks: list[_Ask], exchange: Exchange) -> list[Message |
     return outcomes
 
 
-def _failure(hook: str, ask: _Ask, error: str) -> HookFailure:
-    return HookFailure(hook, ask.step.point, error, ask.step.call_id)
+def _failure(hook: HookClient, ask: _Ask, error: str) -> HookFailure:
+    return HookFailure(hook.name, ask.step.point, error, ask.step.call_id, hook.label, hook.target)

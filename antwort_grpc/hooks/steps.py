@@ -11,6 +11,7 @@ where the call is denied instead.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,15 +24,37 @@ P = Point
 Decision = pb.ApproveToolResponse.Decision
 
 
+# Where a hook runs, as gRPC's errors spell it: ipv4:10.0.0.3:50051, ipv6:[::1]:50051, or a bare
+# address with its port.
+_ADDRESSES = re.compile(r"(?:ipv[46]:)?(?:\[[0-9a-fA-F:.]*\]|\d{1,3}(?:\.\d{1,3}){3})(?::\d+)?")
+
+
+def named(label: str) -> str:
+    """A hook as the model and the client read of it: by its own name (the `hook` a step takes an
+    answer from is that name, never the address the hook runs at)."""
+    return f"hook {label}" if label else "a policy hook"
+
+
 @dataclass(frozen=True, slots=True)
 class HookFailure:
     hook: str
     point: int
     error: str
     call_id: str = ""
+    # The hook's own name, and where it runs ("" in-process): a denial the model reads names the
+    # one, never the other.
+    label: str = ""
+    target: str = ""
 
     def describe(self) -> str:
         return f"hook {self.hook} failed at {point_name(self.point)}: {self.error}"
+
+    def shown(self) -> str:
+        """The failure as the model may read it: the network address of the hook, and any
+        address in its error, left out."""
+        error = self.error.replace(self.target, "…") if self.target else self.error
+        error = _ADDRESSES.sub("…", error)
+        return f"{named(self.label)} failed at {point_name(self.point)}: {error}"
 
 
 class HookFailed(Exception):
@@ -46,7 +69,7 @@ class HookRejected(Exception):
     """A before-response hook refused the request."""
 
     def __init__(self, hook: str, reason: str) -> None:
-        super().__init__(f"rejected by hook {hook}: {reason}")
+        super().__init__(f"rejected by {named(hook)}: {reason}")
         self.hook = hook
         self.reason = reason
 
@@ -167,7 +190,7 @@ class PauseCheck(Step):
     def take(self, hook: str, reply: Message | None) -> bool:
         assert reply is None or isinstance(reply, pb.PauseCheckResponse)
         if reply is not None and reply.pause:
-            self.reason = reply.reason or f"paused by hook {hook}"
+            self.reason = reply.reason or f"paused by {named(hook)}"
             return True
         return False
 
@@ -251,7 +274,7 @@ class ApproveTool(Step):
         return False
 
     def fail_closed(self, failure: HookFailure) -> bool:
-        self.approval = Approval(False, failure.describe(), failure.hook)
+        self.approval = Approval(False, failure.shown(), failure.hook)
         return False
 
 
@@ -285,7 +308,7 @@ class BeforeTool(Step):
         assert reply is None or isinstance(reply, pb.BeforeToolResponse)
         which = reply.WhichOneof("decision") if reply is not None else None
         if reply is not None and which == "deny_reason":
-            self.result = error_output(self.call, f"denied by hook {hook}: {reply.deny_reason}")
+            self.result = error_output(self.call, f"denied by {named(hook)}: {reply.deny_reason}")
         elif reply is not None and which == "result":
             self.result = pb.FunctionCallOutput()
             self.result.CopyFrom(reply.result)
@@ -298,7 +321,7 @@ class BeforeTool(Step):
         return False
 
     def fail_closed(self, failure: HookFailure) -> bool:
-        self.result = error_output(self.call, f"denied: {failure.describe()}")
+        self.result = error_output(self.call, f"denied: {failure.shown()}")
         return False
 
     @property

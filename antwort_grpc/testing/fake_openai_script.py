@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -91,10 +92,21 @@ def split_fragments(arguments: str, fragments: int) -> list[str]:
     return [arguments[i : i + size] for i in range(0, len(arguments), size)]
 
 
+def arguments_problem(position: int, calls: list[dict[str, Any]]) -> str | None:
+    for n, call in enumerate(calls):
+        arguments = (call.get("function") or {}).get("arguments")
+        try:
+            json.loads(arguments if isinstance(arguments, str) else "")
+        except (TypeError, ValueError):
+            return f"Invalid 'messages[{position}].tool_calls[{n}].function.arguments': not valid JSON: {arguments!r}"
+    return None
+
+
 def history_problem(messages: list[dict[str, Any]]) -> str | None:
     """What OpenAI's Chat Completions API says about a history it rejects, or None when valid:
     every assistant message with tool_calls must be followed at once by one tool message per call,
-    and a tool message must answer a call of the assistant message before it."""
+    a tool message must answer a call of the assistant message before it, and a call's arguments
+    are JSON (self-hosted backends parse them in their chat templates)."""
     waiting: list[str] = []
     for position, message in enumerate(messages):
         role = message.get("role")
@@ -114,6 +126,8 @@ def history_problem(messages: list[dict[str, Any]]) -> str | None:
             )
         if role == "assistant":
             waiting = [str(call.get("id")) for call in message.get("tool_calls") or []]
+            if (problem := arguments_problem(position, message.get("tool_calls") or [])) is not None:
+                return problem
     if waiting:
         return (
             "An assistant message with 'tool_calls' must be followed by tool messages responding to each "

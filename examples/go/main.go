@@ -10,6 +10,9 @@
 //	go-client -hold-idle 60s 127.0.0.1:50051   (only: an idle Converse stream held at an approval)
 //
 // It dials with the settings docs/clients.md recommends (dial.go): keepalive, retries, round_robin.
+//
+// The gateway must run a model that calls tools: `make run-tools` (a scripted stand-in model) does;
+// the embedded model of `make run` does not.
 package main
 
 import (
@@ -116,6 +119,9 @@ func streamText(client antwortv1.ResponsesServiceClient) error {
 	return nil
 }
 
+// What to do when the model answers instead of calling the tool.
+const noToolHint = "the model called no tool: start the gateway with `make run-tools` (the embedded model of `make run` calls none)"
+
 func toolRoundTrip(client antwortv1.ResponsesServiceClient) error {
 	tool := weatherTool()
 	_, _, last, err := run(client, &antwortv1.CreateResponseRequest{
@@ -127,7 +133,7 @@ func toolRoundTrip(client antwortv1.ResponsesServiceClient) error {
 	}
 	action := last.GetRequiresAction()
 	if action == nil {
-		return fmt.Errorf("expected requires_action, got %s", kind(last))
+		return fmt.Errorf("expected requires_action, got %s: %s", kind(last), noToolHint)
 	}
 	call := action.GetToolCalls()[0]
 	fmt.Println("requires_action:", call.GetCallId(), call.GetName(), call.GetArguments())

@@ -7,6 +7,9 @@
 // google.rpc.BadRequest details of an INVALID_ARGUMENT, and CancelResponse on a running answer.
 //
 //   java -cp "$CLASSPATH" AntwortClient 127.0.0.1:50051
+//
+// The gateway must run a model that calls tools: `make run-tools` (a scripted stand-in model) does;
+// the embedded model of `make run` does not.
 
 import com.google.gson.Gson;
 import com.google.protobuf.Struct;
@@ -103,11 +106,15 @@ public final class AntwortClient {
     System.out.println("text: " + run.text);
   }
 
+  /** What to do when the model answers instead of calling the tool. */
+  private static final String NO_TOOL_HINT =
+      "the model called no tool: start the gateway with `make run-tools` (the embedded model of `make run` calls none)";
+
   private void toolRoundTrip() throws Exception {
     Tool tool = weatherTool();
     Run first = run(CreateResponseRequest.newBuilder().setInputText("Weather in Paris?").addTools(tool).build(), false);
     if (!first.last.hasRequiresAction()) {
-      throw new IllegalStateException("expected requires_action, got " + first.last.getEventCase());
+      throw new IllegalStateException("expected requires_action, got " + first.last.getEventCase() + ": " + NO_TOOL_HINT);
     }
     FunctionCall call = first.last.getRequiresAction().getToolCalls(0);
     System.out.println("requires_action: " + call.getCallId() + " " + call.getName() + " " + call.getArguments());

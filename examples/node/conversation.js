@@ -2,7 +2,9 @@
 // asks the server): a streamed answer, a function tool round trip, the google.rpc.BadRequest
 // details of an INVALID_ARGUMENT, and CancelResponse on a running answer. One transcript line per
 // step. Messages are plain objects in proto-loader's shape: keepCase (snake_case fields) and
-// oneofs (a oneof's name holds the name of the field that is set).
+// oneofs (a oneof's name holds the name of the field that is set). The gateway must run a model
+// that calls tools: `make run-tools` (a scripted stand-in model) does; the embedded model of
+// `make run` does not.
 'use strict';
 
 const protobuf = require('protobufjs');
@@ -76,6 +78,9 @@ function run(client, request, onEvent = () => {}) {
 
 const WEATHER_SCHEMA = { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] };
 
+// What to do when the model answers instead of calling the tool.
+const NO_TOOL_HINT = 'the model called no tool: start the gateway with `make run-tools` (the embedded model of `make run` calls none)';
+
 // client: a ResponsesService client; toStruct: structOf(...) for how its types were loaded.
 async function converse(client, toStruct) {
   const weatherTool = { function: { name: 'get_weather', parameters: toStruct(WEATHER_SCHEMA) } };
@@ -84,7 +89,9 @@ async function converse(client, toStruct) {
   console.log(`text: ${hello.text}`);
 
   const first = await run(client, { input_text: 'Weather in Paris?', tools: [weatherTool] });
-  if (first.last.event !== 'requires_action') throw new Error(`expected requires_action, got ${first.last.event}`);
+  if (first.last.event !== 'requires_action') {
+    throw new Error(`expected requires_action, got ${first.last.event}: ${NO_TOOL_HINT}`);
+  }
   const [call] = first.last.requires_action.tool_calls;
   console.log(`requires_action: ${call.call_id} ${call.name} ${call.arguments}`);
   // The client runs the tool and sends its result back.

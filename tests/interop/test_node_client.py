@@ -4,6 +4,7 @@ round trip with google.protobuf.Struct parameters, BadRequest details, cancel.""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import shutil
 import subprocess
@@ -11,9 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.interop.clients import assert_transcript, gateway_for_clients, run_client
+from antwort_grpc.executors.base import FunctionExecutor
+from antwort_grpc.providers.scripted import ScriptedProvider, Text
+from antwort_grpc.storage.memory import MemoryStore
+from tests.harness import running_gateway
+from tests.interop.clients import assert_transcript, gateway_for_clients, line, run_client
 
-NODE = Path(__file__).resolve().parents[2] / "examples/node"
+ROOT = Path(__file__).resolve().parents[2]
+NODE = ROOT / "examples/node"
 
 
 @pytest.fixture(scope="module")
@@ -41,3 +47,27 @@ async def test_node_client_streams_calls_a_tool_reads_bad_request_details_and_ca
         lines = await run_client(["node", str(NODE / program), gw.target])
     assert_transcript(lines, fake)
     assert lines[-1] == "get_missing: NOT_FOUND"
+
+
+async def test_the_node_client_holds_its_conversation_with_the_gateway_make_run_tools_starts(
+    node_modules: Path,
+) -> None:
+    """The examples need a model that calls tools: `make run-tools`'s scripted stand-in is one."""
+    provider = ScriptedProvider.from_file(ROOT / "examples" / "tool_caller.json")
+    async with running_gateway(provider=provider, executors=[FunctionExecutor()], store=MemoryStore()) as gw:
+        lines = await run_client(["node", str(NODE / "client.js"), gw.target])
+    assert line(lines, "completed:") == 'The tool answered: {"temp": 21}'
+    assert lines[-1] == "get_missing: NOT_FOUND"
+
+
+async def test_the_node_client_against_a_model_that_calls_no_tool_says_to_start_make_run_tools(
+    node_modules: Path,
+) -> None:
+    provider = ScriptedProvider([[Text("I answer, I call nothing.")]], repeat=True)
+    async with running_gateway(provider=provider, executors=[FunctionExecutor()], store=MemoryStore()) as gw:
+        process = await asyncio.create_subprocess_exec(
+            "node", str(NODE / "client.js"), gw.target, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        out, _ = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode == 1
+    assert "make run-tools" in out.decode().splitlines()[-1], out.decode()

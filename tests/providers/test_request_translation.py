@@ -118,6 +118,19 @@ def test_a_call_without_preceding_text_is_an_assistant_message_without_content()
     }
 
 
+def test_a_call_cut_mid_arguments_goes_back_to_the_backend_with_json_arguments() -> None:
+    """A steering message cut the model while it wrote `{"cit`: the stored call keeps that text,
+    the backend gets JSON (it parses the history) next to the call's error output."""
+    items = [user("Weather?"), call("c1", "get_weather", '{"cit'), result("c1", "superseded"), user("Rome")]
+    messages = body_of(items=items)["messages"]
+    assert messages[1]["tool_calls"][0]["function"]["arguments"] == "{}"
+    assert body_of(items=[user("x"), call("c1", "f", "")])["messages"][1]["tool_calls"][0]["function"] == {
+        "name": "f",
+        "arguments": "{}",
+    }
+    assert items[1].function_call.arguments == '{"cit', "the stored item is not changed"
+
+
 def test_tools_become_function_definitions_with_parallel_tool_calls() -> None:
     bare = pb.FunctionTool(name="now")
     body = body_of(tools=[weather_tool(), bare], parallel_tool_calls=False)

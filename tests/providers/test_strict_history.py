@@ -52,6 +52,21 @@ async def test_strict_backend_rejects_a_tool_message_that_answers_no_call() -> N
     assert "role 'tool' must be a response" in body["error"]["message"]
 
 
+async def test_strict_backend_rejects_call_arguments_that_are_not_json() -> None:
+    async with FakeOpenAI(Reply(text="fine"), strict=True) as fake:
+        cut = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"cit'}}
+        status, body = await post(
+            fake,
+            [
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [cut]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "superseded"},
+            ],
+        )
+    assert status == 400
+    assert "tool_calls[0].function.arguments" in body["error"]["message"]
+
+
 async def test_strict_backend_accepts_every_call_answered_at_once() -> None:
     async with FakeOpenAI(Reply(text="fine"), strict=True) as fake:
         status, _ = await post(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -119,8 +120,21 @@ def _part(part: pb.ContentPart) -> dict[str, Any] | None:
     return None
 
 
+def wire_arguments(arguments: str) -> str:
+    """A call's arguments as the backend gets them back: JSON, always. A call cut mid-arguments
+    (a steering message arrived while the model wrote it) is stored as the model left it, `{"cit`;
+    backends that parse the history (vLLM's chat templates, OpenAI's validation) reject that, and
+    the call never ran, so the model is shown an empty object with the call's error output."""
+    try:
+        json.loads(arguments)
+    except ValueError:
+        return "{}"
+    return arguments
+
+
 def _append_tool_call(messages: list[ChatMessage], call: pb.FunctionCall) -> None:
-    entry = {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    function = {"name": call.name, "arguments": wire_arguments(call.arguments)}
+    entry = {"id": call.call_id, "type": "function", "function": function}
     last = messages[-1] if messages else None
     # Calls of one turn (and the text before them) are one assistant message on the wire.
     if last is not None and last["role"] == "assistant":
