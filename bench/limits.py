@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -32,7 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from antwort_grpc import pb
 from antwort_grpc.responses.request_limits import DEFAULT_LIMITS
 from bench.backend import model_name
-from bench.procs import Child, cpu_seconds, spawn, spawn_command
+from bench.procs import Child, spawn, spawn_command
 
 # Input text per item: the whole request about 8 MB with the schemas.
 _ITEM_TEXT = 200
@@ -107,9 +108,7 @@ async def measure(gateway: Child, request: pb.CreateResponseRequest, concurrent:
         await asyncio.sleep(0.2)
         cpu0 = gateway.cpu_seconds()
         t0 = time.perf_counter()
-        outcomes = await asyncio.gather(
-            *(one(channel, renamed(request, f"c{n}"), timeout) for n in range(concurrent))
-        )
+        outcomes = await asyncio.gather(*(one(channel, renamed(request, f"c{n}"), timeout) for n in range(concurrent)))
         wall = time.perf_counter() - t0
         cpu = gateway.cpu_seconds() - cpu0
         stop.set()
@@ -173,7 +172,7 @@ async def _serve(backend_url: str, data_dir: str) -> None:
     from bench.procs import until_stopped
 
     settings = GatewaySettings(
-        listen="127.0.0.1:0", backend_url=backend_url, store="memory", data_dir=data_dir, log_level="WARNING"
+        listen="127.0.0.1:0", backend_url=backend_url, store="memory", data_dir=Path(data_dir), log_level="WARNING"
     )
     parts = await assemble(settings)
     gateway = await start_gateway(settings, provider=parts.provider, store=parts.store, executors=parts.executors)

@@ -12,7 +12,6 @@ import json
 import logging
 import threading
 from collections import OrderedDict
-
 from typing import Any
 
 import jsonschema_rs
@@ -20,7 +19,7 @@ from google.protobuf import struct_pb2
 from jsonschema.validators import Draft4Validator, Draft6Validator, Draft7Validator, Draft201909Validator
 from jsonschema.validators import Draft202012Validator as Latest
 
-from antwort_grpc.structs import digest, struct_json
+from antwort_grpc.structs import digest, json_depth, remember, struct_to_dict
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +48,7 @@ def _meta_for(uri: object) -> Any:
             meta = _META[key] = _meta_validator(draft)
     return meta
 
+
 CACHE_SIZE = 4096
 
 # Keyed by a digest of the serialized schema (and the depth limit), so the cache holds no schemas.
@@ -68,7 +68,7 @@ def parameters_problem(parameters: struct_pb2.Struct, *, max_bytes: int, max_dep
         if verdict is not None:
             _cache.move_to_end(key)
             return verdict
-    verdict = _check(parameters, data, max_depth)
+    verdict = _check(parameters, key[0], max_depth)
     with _lock:
         _cache[key] = verdict
         while len(_cache) > CACHE_SIZE:
@@ -76,31 +76,19 @@ def parameters_problem(parameters: struct_pb2.Struct, *, max_bytes: int, max_dep
     return verdict
 
 
-def _check(parameters: struct_pb2.Struct, data: bytes, max_depth: int) -> str:
+def _check(parameters: struct_pb2.Struct, key: bytes, max_depth: int) -> str:
     try:
-        # Through the JSON text, which the model call that sends the schema takes from the cache.
-        schema = json.loads(struct_json(parameters, data))
+        schema = struct_to_dict(parameters)
     except ValueError as err:
         if "NaN" in str(err) or "Infinity" in str(err):
             return "numbers must be finite (NaN and infinity are not JSON)"
         return f"not JSON: {err}"
-    if _depth(schema, max_depth) > max_depth:
+    text = json.dumps(schema)
+    # The model calls that send this schema take its JSON text from there.
+    remember(key, text)
+    if json_depth(text) > max_depth:
         return f"nested at most {max_depth} levels deep"
     return schema_problem(schema)
-
-
-def _depth(value: object, limit: int, level: int = 0) -> int:
-    """How deep objects and arrays nest in `value`; stops counting past `limit`."""
-    if level > limit:
-        return level
-    children: list[object]
-    if isinstance(value, dict):
-        children = list(value.values())
-    elif isinstance(value, list):
-        children = value
-    else:
-        return level
-    return max((_depth(child, limit, level + 1) for child in children), default=level + 1)
 
 
 def schema_problem(schema: dict[str, object]) -> str:

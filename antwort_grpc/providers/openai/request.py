@@ -6,7 +6,6 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-
 from antwort_grpc import pb
 from antwort_grpc.providers.base import TurnRequest
 from antwort_grpc.structs import struct_json
