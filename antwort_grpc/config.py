@@ -50,6 +50,7 @@ class GatewaySettings(BaseSettings):
     max_tools: int = 128
     max_schema_bytes: int = 64 * 1024
     max_schema_depth: int = 20
+    max_tools_bytes: int = Field(default=1024 * 1024, gt=0)
     max_input_items: int = 2048
     max_metadata: int = 16
     response_ttl_seconds: float | None = None

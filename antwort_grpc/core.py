@@ -167,6 +167,7 @@ def request_limits(settings: GatewaySettings) -> Limits:
         max_tools=settings.max_tools,
         max_schema_bytes=settings.max_schema_bytes,
         max_schema_depth=settings.max_schema_depth,
+        max_tools_bytes=settings.max_tools_bytes,
         max_input_items=settings.max_input_items,
         max_metadata=settings.max_metadata,
     )

@@ -159,6 +159,10 @@ OVER_THE_LIMITS = {
         pb.CreateResponseRequest(input_text="hi", tools=[big_schema(1000)]),
         "tools[0].function.parameters",
     ),
+    "20 schemas of 60 KiB (over 1 MiB of tools)": (
+        pb.CreateResponseRequest(input_text="hi", tools=[big_schema(500)] * 20),
+        "tools",
+    ),
     "a schema 24 levels deep": (
         pb.CreateResponseRequest(input_text="hi", tools=[deep_schema(12)]),
         "tools[0].function.parameters",
@@ -211,6 +215,7 @@ async def test_limits_are_settings() -> None:
         max_metadata=1,
         max_schema_depth=3,
         max_schema_bytes=200,
+        max_tools_bytes=1000,
     ) as gw:
         assert "tools" in await rejected(gw, pb.CreateResponseRequest(input_text="hi", tools=many_tools(3)))
         assert "input_items.items" in await rejected(gw, pb.CreateResponseRequest(input_items=items(2)))
@@ -220,6 +225,8 @@ async def test_limits_are_settings() -> None:
         assert "deep" in deep["tools[0].function.parameters"]
         big = await rejected(gw, pb.CreateResponseRequest(input_text="hi", tools=[big_schema(5)]))
         assert "bytes" in big["tools[0].function.parameters"]
+        together = await rejected(gw, pb.CreateResponseRequest(input_text="hi", tools=[big_schema(5)] * 2))
+        assert "bytes serialized together" in together["tools"]
         # Within them, it runs.
         ok = pb.CreateResponseRequest(input_text="hi", tools=many_tools(2), metadata={"a": "1"})
         assert output_text(await gw.create(ok)) == "ok"

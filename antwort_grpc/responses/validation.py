@@ -47,6 +47,10 @@ def validate_create(request: pb.CreateResponseRequest, limits: Limits = DEFAULT_
     if len(request.tools) > limits.max_tools:
         # Not looked at one by one: that is the work the limit is there to bound.
         v.append(FieldViolation("tools", f"at most {limits.max_tools} tools (this request has {len(request.tools)})"))
+    elif (size := sum(tool.ByteSize() for tool in request.tools)) > limits.max_tools_bytes:
+        v.append(
+            FieldViolation("tools", f"at most {limits.max_tools_bytes} bytes serialized together (these are {size})")
+        )
     else:
         function_names = _check_tools(request.tools, limits, v)
         hosted = any(t.WhichOneof("kind") != "function" for t in request.tools)
