@@ -1,10 +1,10 @@
 """The most expensive request the default limits admit, and what it costs the gateway:
 `python -m bench.limits`.
 
-The request: `max_tools` function tools, each with a distinct schema of about `max_schema_bytes`
-(many small properties: what makes a schema costly to check and convert), and `max_input_items`
-input messages, about 8 MB on the wire. Against the bench backend (a short streamed answer) it
-reports:
+The request: `max_tools` function tools with distinct schemas as large as `max_schema_bytes` and
+`max_tools_bytes` let them be (many small properties: what makes a schema costly to check and
+convert), and `max_input_items` input messages, about 8 MB on the wire. Against the bench
+backend (a short streamed answer) it reports:
 
 - the gateway's CPU seconds for one such request (the process's CPU-time clock, all threads);
 - four at once: how many finished, and the latency of gRPC health checks sent every 20 ms while
@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -31,12 +33,9 @@ from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from antwort_grpc import pb
-from antwort_grpc.responses.request_limits import DEFAULT_LIMITS
+from antwort_grpc.responses.request_limits import DEFAULT_LIMITS, Limits
 from bench.backend import model_name
 from bench.procs import Child, spawn, spawn_command
-
-# Input text per item: the whole request about 8 MB with the schemas.
-_ITEM_TEXT = 200
 
 
 def schema(tool: int, size: int) -> dict[str, Any]:
@@ -55,14 +54,20 @@ def schema(tool: int, size: int) -> dict[str, Any]:
     return of(int((size - serialized(0)) / per_property))
 
 
-def worst_request(model: str) -> pb.CreateResponseRequest:
+def _schema_bytes(limits: Limits) -> int:
+    # The most each may have with all of them within the limit of every tool together (room left
+    # for the tool's name and the title `renamed` adds).
+    return min(limits.max_schema_bytes, limits.max_tools_bytes // limits.max_tools) - 256
+
+
+def worst_request(model: str, item_chars: int) -> pb.CreateResponseRequest:
     limits = DEFAULT_LIMITS
     request = pb.CreateResponseRequest(model=model, stream=True, store=False)
     for t in range(limits.max_tools):
         tool = request.tools.add()
         tool.function.name = f"tool_{t}"
-        tool.function.parameters.update(schema(t, limits.max_schema_bytes - 4096))
-    text = "w" * max(_ITEM_TEXT, 64)
+        tool.function.parameters.update(schema(t, _schema_bytes(limits)))
+    text = "w" * item_chars
     for i in range(limits.max_input_items):
         item = request.input_items.items.add()
         item.message.role = pb.Role.ROLE_USER
@@ -152,7 +157,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         ]
         gateway = await spawn_command("gateway", env_args, timeout=60)
         try:
-            request = worst_request(model_name(words=args.words))
+            request = worst_request(model_name(words=args.words), args.item_chars)
             return await measure(gateway, request, args.concurrent, args.timeout)
         finally:
             await gateway.stop()
@@ -174,6 +179,12 @@ async def _serve(backend_url: str, data_dir: str) -> None:
     settings = GatewaySettings(
         listen="127.0.0.1:0", backend_url=backend_url, store="memory", data_dir=Path(data_dir), log_level="WARNING"
     )
+    if os.environ.get("BENCH_SLOW_CALLBACKS"):
+        # Which steps hold the event loop (asyncio's debug mode logs each over 50 ms).
+        logging.basicConfig(level=logging.WARNING)
+        loop = asyncio.get_running_loop()
+        loop.set_debug(True)
+        loop.slow_callback_duration = 0.05
     parts = await assemble(settings)
     gateway = await start_gateway(settings, provider=parts.provider, store=parts.store, executors=parts.executors)
     tune_gc()
@@ -190,6 +201,7 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=30.0, help="each request's deadline, seconds")
     parser.add_argument("--words", type=int, default=20)
+    parser.add_argument("--item-chars", type=int, default=3500, help="text of each input item (8 MB in all)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--backend-url", default="", help=argparse.SUPPRESS)
     parser.add_argument("--data-dir", default="", help=argparse.SUPPRESS)

@@ -32,6 +32,36 @@ _OPAQUE = {"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.L
 Parse = Callable[[bytes], Message]
 
 
+class EventMessage:
+    """A CreateResponseResponse or ConverseResponse holding `event` (field 1 of both), serialized
+    without being built: building one copies the event, and a lifecycle event carries the whole
+    Response (every tool schema of the request echoed), three times per response."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event: Message) -> None:
+        self.event = event
+
+    def SerializeToString(self) -> bytes:
+        data = self.event.SerializeToString()
+        return b"\x0a" + _length(len(data)) + data
+
+
+def _length(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _serialize(message: Any) -> bytes:
+    """A response as the wire carries it: a protobuf message, or an EventMessage."""
+    data: bytes = message.SerializeToString()
+    return data
+
+
 class _Capture:
     """Stands in for a server to collect the method handlers a generated `add_…_to_server` makes."""
 
@@ -86,7 +116,7 @@ def _parsing(handler: Any) -> Any:
             finally:
                 await messages.aclose()
 
-        return grpc.unary_stream_rpc_method_handler(unary_stream, response_serializer=handler.response_serializer)
+        return grpc.unary_stream_rpc_method_handler(unary_stream, response_serializer=_serialize)
     return handler
 
 
@@ -117,7 +147,7 @@ def _parsing_stream(handler: Any, parse: Parse) -> Any:
         return result
 
     make = grpc.stream_stream_rpc_method_handler if handler.stream_stream else grpc.stream_unary_rpc_method_handler
-    return make(run, response_serializer=handler.response_serializer)
+    return make(run, response_serializer=_serialize)
 
 
 async def parse_request(raw: bytes, parse: Parse, context: Any) -> Any:

@@ -21,6 +21,7 @@ from antwort_grpc.grpc_status import abort
 from antwort_grpc.hooks.service import Caller
 from antwort_grpc.responses.controls import validate_control
 from antwort_grpc.responses.service import Responses, rejection
+from antwort_grpc.server.decode import EventMessage
 
 # grpc ships no type information: the servicer context is untyped.
 Context: TypeAlias = Any
@@ -44,7 +45,7 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
 
     async def CreateResponse(
         self, request: pb.CreateResponseRequest, context: Context
-    ) -> AsyncIterator[pb.CreateResponseResponse]:
+    ) -> AsyncIterator[EventMessage]:  # a CreateResponseResponse on the wire
         metadata = context.invocation_metadata() or ()
         try:
             async with self.edge.stream("CreateResponse", current_identity.get(), metadata) as watch:
@@ -186,10 +187,8 @@ class _Session:
                     async with contextlib.aclosing(run.events()) as events:
                         async for event in events:
                             self.watch.saw(event)
-                            message = pb.ConverseResponse()
-                            message.event.CopyFrom(event)
                             async with self.writing:
-                                await self.context.write(message)
+                                await self.context.write(EventMessage(event))
                 finally:
                     self.run = None
         finally:
@@ -256,9 +255,5 @@ def _busy() -> RequestError:
     )
 
 
-def _message(event: pb.StreamEvent) -> pb.CreateResponseResponse:
-    # CopyFrom into an empty message costs half of CreateResponseResponse(event=event), once
-    # per streamed event.
-    message = pb.CreateResponseResponse()
-    message.event.CopyFrom(event)
-    return message
+def _message(event: pb.StreamEvent) -> EventMessage:
+    return EventMessage(event)
