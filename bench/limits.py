@@ -108,6 +108,12 @@ async def measure(gateway: Child, request: pb.CreateResponseRequest, concurrent:
         t0 = time.perf_counter()
         outcome = await one(channel, renamed(request, "alone"), timeout)
         alone = {"outcome": outcome, "cpu_s": gateway.cpu_seconds() - cpu0, "wall_s": time.perf_counter() - t0}
+        # The same probes with nothing running: what the host's own load adds to every figure.
+        stop = asyncio.Event()
+        health = asyncio.create_task(probe_health(channel, stop))
+        await asyncio.sleep(3)
+        stop.set()
+        idle = await health
         stop = asyncio.Event()
         health = asyncio.create_task(probe_health(channel, stop))
         await asyncio.sleep(0.2)
@@ -130,6 +136,7 @@ async def measure(gateway: Child, request: pb.CreateResponseRequest, concurrent:
             "health_max_ms": max(latencies) * 1000,
             "health_p50_ms": statistics.median(latencies) * 1000,
         },
+        "idle": {"health_checks": len(idle), "health_max_ms": max(idle) * 1000},
     }
 
 
@@ -179,6 +186,12 @@ async def _serve(backend_url: str, data_dir: str) -> None:
     settings = GatewaySettings(
         listen="127.0.0.1:0", backend_url=backend_url, store="memory", data_dir=Path(data_dir), log_level="WARNING"
     )
+    if os.environ.get("BENCH_ONE_WORKER"):
+        import concurrent.futures
+
+        asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(1))
+    if os.environ.get("BENCH_SWITCH"):
+        sys.setswitchinterval(float(os.environ["BENCH_SWITCH"]))
     if os.environ.get("BENCH_SLOW_CALLBACKS"):
         # Which steps hold the event loop (asyncio's debug mode logs each over 50 ms).
         logging.basicConfig(level=logging.WARNING)

@@ -247,13 +247,16 @@ def heavy_schema_tools(count: int) -> list[pb.Tool]:
 
 
 async def test_checking_a_large_request_does_not_hold_up_other_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Each schema's check waits until a health check was answered meanwhile: on the event loop it
-    # would wait in vain (and give up after 10 s, the check then answered too late).
-    answered = threading.Event()
+    # Each schema's check waits until a health check was answered meanwhile: on the event loop,
+    # which would have to answer it, it waits in vain.
+    started, answered = threading.Event(), threading.Event()
+    waited: list[bool] = []
     check = schemas._check
 
     def waiting_check(*args: Any) -> str:
-        answered.wait(10)
+        if not started.is_set():  # the first one waits
+            started.set()
+            waited.append(answered.wait(5))
         return check(*args)
 
     monkeypatch.setattr(schemas, "_check", waiting_check)
@@ -262,11 +265,12 @@ async def test_checking_a_large_request_does_not_hold_up_other_calls(monkeypatch
         request = pb.CreateResponseRequest(input_text="hi", tools=heavy_schema_tools(128))
         request.tools[-1].function.name = "bad name"  # so the check ends in an error, after all of them
         create = asyncio.create_task(rejected(gw, request))
-        reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+        await asyncio.to_thread(started.wait, 10)
+        reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
-        assert not create.done(), "the request was checked before the health check was answered"
         answered.set()
         found = await create
+    assert waited[0], "the request was checked on the event loop: no health check was answered meanwhile"
     assert "tools[127].function.name" in found
 
 
