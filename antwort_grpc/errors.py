@@ -20,6 +20,7 @@ class RequestError(Exception):
         message: str,
         violations: list[FieldViolation] | None = None,
         reason: str = "",
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -27,6 +28,9 @@ class RequestError(Exception):
         self.violations = violations or []
         # Machine-readable, for google.rpc.ErrorInfo.
         self.reason = reason
+        # Seconds the client should wait before it tries again (grpc-retry-pushback-ms and
+        # google.rpc.RetryInfo); None: do not say.
+        self.retry_after = retry_after
 
 
 def invalid_argument(violations: list[FieldViolation]) -> RequestError:

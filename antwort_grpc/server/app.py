@@ -131,7 +131,7 @@ async def start_gateway(
     refuse_open_listen(settings)
     credentials = server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
     core = await build_core(settings, Parts(provider, store, list(executors)))
-    servicer = ResponsesServicer(core.responses, core.edge)
+    servicer = ResponsesServicer(core.responses, core.edge, settings.converse_idle_timeout)
     spec = ServerSpec(
         services=[RESPONSES_SERVICE],
         add_services=lambda server: add_parsing_servicer(pb.add_ResponsesServiceServicer_to_server, servicer, server),

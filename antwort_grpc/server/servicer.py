@@ -39,9 +39,11 @@ def caller_of(context: Context) -> Caller:
 
 
 class ResponsesServicer(pb.ResponsesServiceServicer):
-    def __init__(self, responses: Responses, edge: Edge | None = None) -> None:
+    def __init__(self, responses: Responses, edge: Edge | None = None, converse_idle_timeout: float = 0.0) -> None:
         self.responses = responses
         self.edge = edge or Edge()
+        # Seconds a Converse stream may wait with no response running; 0: for ever.
+        self.converse_idle_timeout = converse_idle_timeout
 
     async def CreateResponse(
         self, request: pb.CreateResponseRequest, context: Context
@@ -49,28 +51,29 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
         metadata = context.invocation_metadata() or ()
         try:
             async with self.edge.stream("CreateResponse", current_identity.get(), metadata) as watch:
-                caller = caller_of(context) if self.responses.hooked else None
-                run = await self.responses.create(
-                    request, owner=owner_of(context), timeout=context.time_remaining(), caller=caller
-                )
-                # Closed with this call, however it ends (try/finally: aclosing's two calls, per request).
-                events = run.events()
-                try:
-                    if request.stream:
-                        async for event in events:
-                            watch.saw(event)
-                            yield _message(event)
-                    else:
-                        # One code path: drain the same stream, send only the terminal event.
-                        last = None
-                        async for event in events:
-                            watch.saw(event)
-                            last = event
-                        assert last is not None
-                        yield _message(last)
-                    watch.ended()
-                finally:
-                    await events.aclose()
+                with self.edge.response(request):
+                    caller = caller_of(context) if self.responses.hooked else None
+                    run = await self.responses.create(
+                        request, owner=owner_of(context), timeout=context.time_remaining(), caller=caller
+                    )
+                    # Closed with this call, however it ends (try/finally: aclosing's two calls, per request).
+                    events = run.events()
+                    try:
+                        if request.stream:
+                            async for event in events:
+                                watch.saw(event)
+                                yield _message(event)
+                        else:
+                            # One code path: drain the same stream, send only the terminal event.
+                            last = None
+                            async for event in events:
+                                watch.saw(event)
+                                last = event
+                            assert last is not None
+                            yield _message(last)
+                        watch.ended()
+                    finally:
+                        await events.aclose()
         except RequestError as err:
             await abort(context, err)
 
@@ -78,7 +81,8 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
         metadata = context.invocation_metadata() or ()
         try:
             async with self.edge.stream("Converse", current_identity.get(), metadata) as watch:
-                await _Session(self.responses, requests, context, watch).serve()
+                session = _Session(self.responses, self.edge, requests, context, watch)
+                await session.serve(self.converse_idle_timeout)
                 watch.ended()
         except RequestError as err:
             await abort(context, err)
@@ -136,9 +140,15 @@ class _Session:
     the stream with its status: nothing runs yet that it could harm."""
 
     def __init__(
-        self, responses: Responses, requests: AsyncIterator[pb.ConverseRequest], context: Context, watch: Watch
+        self,
+        responses: Responses,
+        edge: Edge,
+        requests: AsyncIterator[pb.ConverseRequest],
+        context: Context,
+        watch: Watch,
     ) -> None:
         self.responses = responses
+        self.edge = edge
         self.watch = watch
         self.requests = requests
         self.context = context
@@ -153,48 +163,69 @@ class _Session:
         # One write at a time: events from this task, rejections from the reader.
         self.writing = asyncio.Lock()
 
-    async def serve(self) -> None:
+    async def serve(self, idle_timeout: float = 0.0) -> None:
+        """Responses one after another until the client stops sending, or until it has let
+        `idle_timeout` seconds pass with none running (0: it may wait for ever)."""
         reader = asyncio.create_task(self._read())
         try:
             first = True
-            while (request := await self.creates.get()) is not None:
+            while (request := await self._next(idle_timeout)) is not None:
                 if isinstance(request, RequestError):
                     await abort(self.context, request)
                     return
                 request.stream = True  # a session always streams its events
                 try:
-                    run = await self.responses.create(
-                        request,
-                        owner=self.owner,
-                        timeout=self.context.time_remaining(),
-                        controller=True,
-                        caller=self.caller,
-                    )
+                    # Each response of the session is admitted apart, for as long as it runs.
+                    with self.edge.response(request):
+                        run = await self.responses.create(
+                            request,
+                            owner=self.owner,
+                            timeout=self.context.time_remaining(),
+                            controller=True,
+                            caller=self.caller,
+                        )
+                        first = False
+                        await self._stream(run, reader)
                 except RequestError as err:
                     self.early = None
                     if first:
                         await abort(self.context, err)
                     await self._reject(err)
-                    continue
-                first = False
-                self.run = run
-                early, self.early = self.early or [], None
-                for control in early:
-                    await self._control(control)
-                if reader.done():
-                    run.detach()
-                try:
-                    async with contextlib.aclosing(run.events()) as events:
-                        async for event in events:
-                            self.watch.saw(event)
-                            async with self.writing:
-                                await self.context.write(EventMessage(event))
-                finally:
-                    self.run = None
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+
+    async def _next(self, idle_timeout: float) -> pb.CreateResponseRequest | RequestError | None:
+        """What the reader hands over next; an idle_timeout error when nothing comes in time."""
+        if not idle_timeout:
+            return await self.creates.get()
+        try:
+            async with asyncio.timeout(idle_timeout):
+                return await self.creates.get()
+        except TimeoutError:
+            return RequestError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no response ran on this stream for {idle_timeout:g} s (ANTWORT_CONVERSE_IDLE_TIMEOUT): "
+                "open a new stream, and continue with previous_response_id",
+                reason="idle_timeout",
+            )
+
+    async def _stream(self, run: Run, reader: asyncio.Task[None]) -> None:
+        self.run = run
+        early, self.early = self.early or [], None
+        for control in early:
+            await self._control(control)
+        if reader.done():
+            run.detach()
+        try:
+            async with contextlib.aclosing(run.events()) as events:
+                async for event in events:
+                    self.watch.saw(event)
+                    async with self.writing:
+                        await self.context.write(EventMessage(event))
+        finally:
+            self.run = None
 
     async def _read(self) -> None:
         try:
