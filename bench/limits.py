@@ -55,18 +55,19 @@ def schema(tool: int, size: int) -> dict[str, Any]:
 
 
 def _schema_bytes(limits: Limits) -> int:
-    # The most each may have with all of them within the limit of every tool together (room left
-    # for the tool's name and the title `renamed` adds).
-    return min(limits.max_schema_bytes, limits.max_tools_bytes // limits.max_tools) - 256
+    # The most each may have with all of them within the limit of every tool together, if there
+    # is one (room left for the tool's name and the title `renamed` adds).
+    together = getattr(limits, "max_tools_bytes", 1 << 40) // limits.max_tools - 256
+    return min(limits.max_schema_bytes - 4096, together)
 
 
-def worst_request(model: str, item_chars: int) -> pb.CreateResponseRequest:
+def worst_request(model: str, item_chars: int, schema_bytes: int = 0) -> pb.CreateResponseRequest:
     limits = DEFAULT_LIMITS
     request = pb.CreateResponseRequest(model=model, stream=True, store=False)
     for t in range(limits.max_tools):
         tool = request.tools.add()
         tool.function.name = f"tool_{t}"
-        tool.function.parameters.update(schema(t, _schema_bytes(limits)))
+        tool.function.parameters.update(schema(t, schema_bytes or _schema_bytes(limits)))
     text = "w" * item_chars
     for i in range(limits.max_input_items):
         item = request.input_items.items.add()
@@ -162,9 +163,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "--data-dir",
             data,
         ]
+        if args.gateway_pythonpath:
+            # The gateway of another checkout (the code before a change), the backend this one's;
+            # -P: not this directory first on the path.
+            os.environ["PYTHONPATH"] = args.gateway_pythonpath
+            env_args.insert(1, "-P")
         gateway = await spawn_command("gateway", env_args, timeout=60)
         try:
-            request = worst_request(model_name(words=args.words), args.item_chars)
+            request = worst_request(model_name(words=args.words), args.item_chars, args.schema_bytes)
             return await measure(gateway, request, args.concurrent, args.timeout)
         finally:
             await gateway.stop()
@@ -215,6 +221,10 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=30.0, help="each request's deadline, seconds")
     parser.add_argument("--words", type=int, default=20)
     parser.add_argument("--item-chars", type=int, default=3500, help="text of each input item (8 MB in all)")
+    parser.add_argument(
+        "--schema-bytes", type=int, default=0, help="each schema's size (default: the most the limits admit)"
+    )
+    parser.add_argument("--gateway-pythonpath", default="", help="run the gateway from this source tree")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--backend-url", default="", help=argparse.SUPPRESS)
     parser.add_argument("--data-dir", default="", help=argparse.SUPPRESS)
