@@ -21,7 +21,7 @@ from antwort_grpc.grpc_status import abort
 from antwort_grpc.hooks.service import Caller
 from antwort_grpc.responses.controls import validate_control
 from antwort_grpc.responses.service import Responses, rejection
-from antwort_grpc.server.decode import EventMessage
+from antwort_grpc.server.decode import EventMessage, request_bytes
 
 # grpc ships no type information: the servicer context is untyped.
 Context: TypeAlias = Any
@@ -51,7 +51,7 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
         metadata = context.invocation_metadata() or ()
         try:
             async with self.edge.stream("CreateResponse", current_identity.get(), metadata) as watch:
-                with self.edge.response(request):
+                with self.edge.response(request_bytes.get() or request.ByteSize()):
                     caller = caller_of(context) if self.responses.hooked else None
                     run = await self.responses.create(
                         request, owner=owner_of(context), timeout=context.time_remaining(), caller=caller
@@ -156,7 +156,7 @@ class _Session:
         self.caller = caller_of(context)
         # What the reader hands over: the next response to start, the error that ends the stream
         # (a bad first message), or None once the client has stopped sending.
-        self.creates: asyncio.Queue[pb.CreateResponseRequest | RequestError | None] = asyncio.Queue()
+        self.creates: asyncio.Queue[tuple[pb.CreateResponseRequest, int] | RequestError | None] = asyncio.Queue()
         self.run: Run | None = None
         # Controls that came while the response was being started: delivered once it runs.
         self.early: list[pb.Control] | None = None
@@ -169,14 +169,15 @@ class _Session:
         reader = asyncio.create_task(self._read())
         try:
             first = True
-            while (request := await self._next(idle_timeout)) is not None:
-                if isinstance(request, RequestError):
-                    await abort(self.context, request)
+            while (next_create := await self._next(idle_timeout)) is not None:
+                if isinstance(next_create, RequestError):
+                    await abort(self.context, next_create)
                     return
+                request, size = next_create
                 request.stream = True  # a session always streams its events
                 try:
                     # Each response of the session is admitted apart, for as long as it runs.
-                    with self.edge.response(request):
+                    with self.edge.response(size):
                         run = await self.responses.create(
                             request,
                             owner=self.owner,
@@ -196,7 +197,7 @@ class _Session:
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
 
-    async def _next(self, idle_timeout: float) -> pb.CreateResponseRequest | RequestError | None:
+    async def _next(self, idle_timeout: float) -> tuple[pb.CreateResponseRequest, int] | RequestError | None:
         """What the reader hands over next; an idle_timeout error when nothing comes in time."""
         if not idle_timeout:
             return await self.creates.get()
@@ -242,7 +243,8 @@ class _Session:
                         await self._reject(_busy())
                         continue
                     self.early = []
-                    self.creates.put_nowait(message.create)
+                    # The size of the message just read (the create and a few bytes of framing).
+                    self.creates.put_nowait((message.create, request_bytes.get() or message.create.ByteSize()))
                 elif which == "control":
                     await self._control(message.control)
                 else:
