@@ -7,7 +7,6 @@ the event loop (and every other stream) never waits on it.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Iterable
 
@@ -16,6 +15,7 @@ from google.protobuf.duration_pb2 import Duration
 from antwort_grpc import pb
 from antwort_grpc.engine.budget import ServerLimits
 from antwort_grpc.errors import FieldViolation, invalid_argument, shorten
+from antwort_grpc.offload import off_loop
 from antwort_grpc.providers import coalesce
 from antwort_grpc.responses.request_limits import DEFAULT_LIMITS, MAX_ID_CHARS, Limits
 from antwort_grpc.responses.schemas import parameters_problem
@@ -32,7 +32,7 @@ async def check_create(request: pb.CreateResponseRequest, limits: Limits = DEFAU
     """Raise INVALID_ARGUMENT with every problem of `request`, if it has any."""
     items = request.input_items.items if request.WhichOneof("input") == "input_items" else ()
     if len(request.tools) > _THREAD_TOOLS or len(items) > _THREAD_ITEMS:
-        violations = await asyncio.to_thread(validate_create, request, limits)
+        violations = await off_loop(validate_create, request, limits)
     else:
         violations = validate_create(request, limits)
     if violations:

@@ -8,7 +8,6 @@ Streamed requests (Converse) are parsed one message at a time as the servicer re
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextvars import ContextVar
@@ -21,6 +20,7 @@ from google.protobuf.message_factory import GetMessageClass
 
 from antwort_grpc.errors import FieldViolation, invalid_argument
 from antwort_grpc.grpc_status import abort
+from antwort_grpc.offload import off_loop
 
 # Requests larger than this are parsed in a worker thread, so a 32 MiB request does not hold the
 # event loop (and every other stream) while it is parsed.
@@ -162,7 +162,7 @@ async def parse_request(raw: bytes, parse: Parse, context: Any) -> Any:
     request_bytes.set(len(raw))
     try:
         if len(raw) > PARSE_IN_THREAD_BYTES:
-            return await asyncio.to_thread(parse, raw)
+            return await off_loop(parse, raw)
         return parse(raw)
     except DecodeError as err:
         message_class = getattr(parse, "__self__", None)

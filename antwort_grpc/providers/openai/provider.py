@@ -16,6 +16,7 @@ from typing import TypeVar
 import aiohttp
 from pydantic import ValidationError
 
+from antwort_grpc.offload import off_loop
 from antwort_grpc.providers.base import Completion, ProviderError, ProviderEvent, ProviderHealth, TurnRequest
 from antwort_grpc.providers.coalesce import MAX_MERGED, delta_size, merge_deltas, mergeable
 from antwort_grpc.providers.openai.config import BackendConfig
@@ -282,7 +283,7 @@ _THREAD_ITEMS = 256
 
 async def _body(turn: TurnRequest, *, stream: bool, model: str) -> bytes:
     if len(turn.tools) > _THREAD_TOOLS or len(turn.items) > _THREAD_ITEMS:
-        return await asyncio.to_thread(encode_body, turn, stream=stream, model=model)
+        return await off_loop(encode_body, turn, stream=stream, model=model)
     return encode_body(turn, stream=stream, model=model)
 
 
