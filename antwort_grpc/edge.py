@@ -87,8 +87,8 @@ class Admission:
             return _busy(f"the gateway runs at most {self.max_running} responses at once", "too_many_running")
         if self.memory_budget and self.running and self.memory + cost > self.memory_budget:
             return _busy(
-                f"the responses running hold the gateway's memory budget ({self.memory_budget >> 20} MiB); "
-                f"this request would need about {cost >> 20} MiB more",
+                f"the responses running hold the gateway's memory budget ({self.memory_budget / 2**20:.0f} MiB); "
+                f"this request would need about {cost / 2**20:.1f} MiB more",
                 "memory_budget",
             )
         return None
