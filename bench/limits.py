@@ -7,8 +7,8 @@ convert), and `max_input_items` input messages, about 8 MB on the wire. Against 
 backend (a short streamed answer) it reports:
 
 - the gateway's CPU seconds for one such request (the process's CPU-time clock, all threads);
-- four at once: how many finished, and the latency of gRPC health checks sent every 20 ms while
-  they ran (what a load balancer would see).
+- four at once: how many finished, and the latency of gRPC health checks sent every 20 ms (from a
+  process of their own) while they ran (what a load balancer would see).
 
 The gateway is a real `antwort-grpc serve` with its defaults, the memory store and the bench
 backend.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -110,21 +112,16 @@ async def measure(gateway: Child, request: pb.CreateResponseRequest, concurrent:
         outcome = await one(channel, renamed(request, "alone"), timeout)
         alone = {"outcome": outcome, "cpu_s": gateway.cpu_seconds() - cpu0, "wall_s": time.perf_counter() - t0}
         # The same probes with nothing running: what the host's own load adds to every figure.
-        stop = asyncio.Event()
-        health = asyncio.create_task(probe_health(channel, stop))
-        await asyncio.sleep(3)
-        stop.set()
-        idle = await health
-        stop = asyncio.Event()
-        health = asyncio.create_task(probe_health(channel, stop))
-        await asyncio.sleep(0.2)
-        cpu0 = gateway.cpu_seconds()
-        t0 = time.perf_counter()
-        outcomes = await asyncio.gather(*(one(channel, renamed(request, f"c{n}"), timeout) for n in range(concurrent)))
-        wall = time.perf_counter() - t0
-        cpu = gateway.cpu_seconds() - cpu0
-        stop.set()
-        latencies = await health
+        async with probing(gateway) as idle:
+            await asyncio.sleep(3)
+        requests = [renamed(request, f"c{n}") for n in range(concurrent)]
+        async with probing(gateway) as latencies:
+            await asyncio.sleep(0.2)
+            cpu0 = gateway.cpu_seconds()
+            t0 = time.perf_counter()
+            outcomes = await asyncio.gather(*(one(channel, r, timeout) for r in requests))
+            wall = time.perf_counter() - t0
+            cpu = gateway.cpu_seconds() - cpu0
     return {
         "request_bytes": request.ByteSize(),
         "alone": alone,
@@ -139,6 +136,35 @@ async def measure(gateway: Child, request: pb.CreateResponseRequest, concurrent:
         },
         "idle": {"health_checks": len(idle), "health_max_ms": max(idle) * 1000},
     }
+
+
+@contextlib.asynccontextmanager
+async def probing(gateway: Child) -> AsyncIterator[list[float]]:
+    """Health checks every 20 ms from a process of their own (this one's event loop is busy
+    sending and reading the large requests): their latencies, in seconds, once the block ends."""
+    latencies: list[float] = []
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        command = [sys.executable, "-m", "bench.limits", "--probe", gateway.target, "--probe-out", out.name]
+        prober = await spawn_command("prober", command)
+        try:
+            yield latencies
+        finally:
+            await prober.stop()
+        latencies += json.loads(await asyncio.to_thread(Path(out.name).read_text))
+
+
+async def probe(target: str, out: str) -> None:
+    """In the prober process: READY, then health checks until stopped, their latencies to `out`."""
+    from bench.procs import until_stopped
+
+    stop = asyncio.Event()
+    async with grpc.aio.insecure_channel(target) as channel:
+        await channel.channel_ready()
+        checks = asyncio.create_task(probe_health(channel, stop))
+        print("READY 0", flush=True)
+        await until_stopped()
+        stop.set()
+        await asyncio.to_thread(Path(out).write_text, json.dumps(await checks))
 
 
 def renamed(request: pb.CreateResponseRequest, tag: str) -> pb.CreateResponseRequest:
@@ -226,9 +252,14 @@ def main() -> None:
     )
     parser.add_argument("--gateway-pythonpath", default="", help="run the gateway from this source tree")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--probe", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--probe-out", default="", help=argparse.SUPPRESS)
     parser.add_argument("--backend-url", default="", help=argparse.SUPPRESS)
     parser.add_argument("--data-dir", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.probe:
+        asyncio.run(probe(args.probe, args.probe_out))
+        return
     if args.serve:
         serve(args.backend_url, args.data_dir)
         return
