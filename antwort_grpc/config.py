@@ -50,6 +50,7 @@ class GatewaySettings(BaseSettings):
     max_tools: int = 128
     max_schema_bytes: int = 64 * 1024
     max_schema_depth: int = 20
+    max_tools_bytes: int = Field(default=1024 * 1024, gt=0)
     max_input_items: int = 2048
     max_metadata: int = 16
     response_ttl_seconds: float | None = None
@@ -122,6 +123,15 @@ class GatewaySettings(BaseSettings):
     jwt_jwks_refresh_seconds: float = 30.0
     # Responses one principal may run at once (CreateResponse, Converse); 0: no limit.
     max_concurrent_responses: int = 0
+    # Responses the whole gateway runs at once; unset: 512 per CPU core the process may use
+    # (docs/limits.md); 0: no limit.
+    max_running_responses: int | None = Field(default=None, ge=0)
+    # Bytes the requests of running responses are estimated to hold (6 times their size, plus
+    # 64 KiB each); unset: a quarter of the memory the process may use; 0: no budget.
+    memory_budget_bytes: int | None = Field(default=None, ge=0)
+    # Seconds a Converse stream may stay open with no response running before it is closed
+    # (DEADLINE_EXCEEDED, reason idle_timeout); 0: never.
+    converse_idle_timeout: float = Field(default=600.0, ge=0)
     # gRPC server reflection (grpcurl's `list`, `describe`); behind authentication like every RPC.
     reflection: bool = True
     # TLS on the gRPC port: certificate chain and key (PEM); with a client CA, mutual TLS (callers

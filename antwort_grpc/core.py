@@ -12,10 +12,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from antwort_grpc import machine
 from antwort_grpc.auth.build import build_authenticator
 from antwort_grpc.auth.identity import Authenticator
 from antwort_grpc.config import GatewaySettings
-from antwort_grpc.edge import ConcurrencyLimit, Edge
+from antwort_grpc.edge import Admission, ConcurrencyLimit, Edge
 from antwort_grpc.engine import Engine, EngineConfig
 from antwort_grpc.engine.budget import ServerLimits
 from antwort_grpc.executors.base import FunctionExecutor, ToolExecutor
@@ -157,9 +158,28 @@ async def build_core(settings: GatewaySettings, parts: Parts) -> Core:
         ),
     )
     limit = ConcurrencyLimit(settings.max_concurrent_responses) if settings.max_concurrent_responses > 0 else None
-    edge = Edge(authenticator, limit, observability.observer() if observability is not None else None)
+    edge = Edge(
+        authenticator, limit, observability.observer() if observability is not None else None, admission(settings)
+    )
     responses = Responses(engine, store, request_limits(settings), capabilities_of(parts.provider))
     return Core(provider, store, executors, engine, responses, edge, authenticator, observability)
+
+
+# Responses mostly wait for their model: one core carries about 500 streams at 10 tokens a second
+# (bench/RESULTS.md, 1,000 streams on 2 cores).
+RUNNING_PER_CORE = 512
+# The rest of the memory: the process itself, the memory store, parsing, what the estimate misses.
+MEMORY_BUDGET_SHARE = 4
+
+
+def admission(settings: GatewaySettings) -> Admission:
+    """The gateway's limits of responses at once, sized for the machine unless set."""
+    running = settings.max_running_responses
+    budget = settings.memory_budget_bytes
+    return Admission(
+        max_running=machine.per_core(RUNNING_PER_CORE) if running is None else running,
+        memory_budget=machine.memory_bytes() // MEMORY_BUDGET_SHARE if budget is None else budget,
+    )
 
 
 def request_limits(settings: GatewaySettings) -> Limits:
@@ -167,6 +187,7 @@ def request_limits(settings: GatewaySettings) -> Limits:
         max_tools=settings.max_tools,
         max_schema_bytes=settings.max_schema_bytes,
         max_schema_depth=settings.max_schema_depth,
+        max_tools_bytes=settings.max_tools_bytes,
         max_input_items=settings.max_input_items,
         max_metadata=settings.max_metadata,
     )

@@ -1,6 +1,7 @@
 """The neutral edge around the responses layer, the same for every front door: who is calling (a
 credential becomes an Identity), whether their response may start (each principal's limit of
-responses at once), and observing each response stream (metrics, traces, the log line).
+responses at once; the gateway's limit of responses running and of the memory their requests
+hold), and observing each response stream (metrics, traces, the log line).
 
 A door (the gRPC servicer today) only converts: it hands the edge the credential it read and the
 metadata it got, wraps the response stream it serves in `Edge.stream`, and turns the RequestErrors
@@ -9,7 +10,9 @@ raised here into its own errors.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import contextlib
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import grpc
@@ -46,6 +49,75 @@ class ConcurrencyLimit:
             self.running[principal] = count
         else:
             self.running.pop(principal, None)
+
+
+# What a running response is estimated to hold: its request's bytes this many times over (the
+# parsed request, the input items and tools copied into the run and the Response, the backend
+# body, the stored copy: 40 requests of 8 MB took the process from 78 to 1,949 MiB, 5.6 times),
+# plus what any response holds, however small its request (about 70 KiB measured per open
+# stream, bench/RESULTS.md).
+MEMORY_PER_REQUEST_BYTE = 6
+MEMORY_PER_RESPONSE = 64 * 1024
+# How long a refused client is asked to wait before it tries again (grpc-retry-pushback-ms,
+# google.rpc.RetryInfo): about what a response at the limits takes to run.
+RETRY_PUSHBACK = 1.0
+
+
+def estimated_memory(request_bytes: int) -> int:
+    return MEMORY_PER_RESPONSE + MEMORY_PER_REQUEST_BYTE * request_bytes
+
+
+class Admission:
+    """What the whole gateway runs at once, whoever asks: responses, and the memory their
+    requests are estimated to hold (`estimated_memory`). 0: no limit.
+
+    A response that does not fit is refused before any work starts, never queued: the client is
+    told to come back (RESOURCE_EXHAUSTED with a retry pushback), and another replica may have
+    room. A response larger than the whole budget is let through when nothing else runs, so
+    every request the message limits accept can run."""
+
+    def __init__(self, max_running: int = 0, memory_budget: int = 0) -> None:
+        self.max_running = max_running
+        self.memory_budget = memory_budget
+        self.running = 0
+        self.memory = 0
+
+    def refusal(self, cost: int) -> RequestError | None:
+        """Why a response of this cost may not start now (None: it may)."""
+        if self.max_running and self.running >= self.max_running:
+            return _busy(f"the gateway runs at most {self.max_running} responses at once", "too_many_running")
+        if self.memory_budget and self.running and self.memory + cost > self.memory_budget:
+            return _busy(
+                f"the responses running hold the gateway's memory budget ({self.memory_budget / 2**20:.0f} MiB); "
+                f"this request would need about {cost / 2**20:.1f} MiB more",
+                "memory_budget",
+            )
+        return None
+
+    @contextmanager
+    def hold(self, request_bytes: int) -> Iterator[None]:
+        """One response of a request this large, for as long as it runs; RequestError
+        (RESOURCE_EXHAUSTED, retry pushback) when it may not start."""
+        cost = estimated_memory(request_bytes)
+        refused = self.refusal(cost)
+        if refused is not None:
+            raise refused
+        self.running += 1
+        self.memory += cost
+        try:
+            yield
+        finally:
+            self.running -= 1
+            self.memory -= cost
+
+
+def _busy(message: str, reason: str) -> RequestError:
+    return RequestError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"{message}: try again later",
+        reason=reason,
+        retry_after=RETRY_PUSHBACK,
+    )
 
 
 class Watch:
@@ -120,10 +192,12 @@ class Edge:
         authenticator: Authenticator | None = None,
         limit: ConcurrencyLimit | None = None,
         observer: Observer | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.authenticator = authenticator
         self.limit = limit
         self.observer = observer
+        self.admission = admission or Admission()
 
     @property
     def authenticates(self) -> bool:
@@ -149,3 +223,9 @@ class Edge:
     def stream(self, method: str, identity: Identity | None, metadata: Metadata) -> Watch:
         """A response stream of `identity`'s, to enter with `async with` (see Watch)."""
         return Watch(self, method, identity, metadata)
+
+    def response(self, request_bytes: int) -> contextlib.AbstractContextManager[None]:
+        """One response of a request this large (serialized), admitted for as long as it runs (on
+        a Converse stream, each response apart); RequestError RESOURCE_EXHAUSTED when the gateway
+        has no room."""
+        return self.admission.hold(request_bytes)

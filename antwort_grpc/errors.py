@@ -30,6 +30,7 @@ class RequestError(Exception):
         violations: list[FieldViolation] | None = None,
         reason: str = "",
         resource: Resource | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -38,6 +39,9 @@ class RequestError(Exception):
         # Machine-readable, for google.rpc.ErrorInfo.
         self.reason = reason
         self.resource = resource
+        # Seconds the client should wait before it tries again (grpc-retry-pushback-ms and
+        # google.rpc.RetryInfo); None: do not say.
+        self.retry_after = retry_after
 
 
 def invalid_argument(violations: list[FieldViolation]) -> RequestError:

@@ -3,10 +3,11 @@ trailers."""
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -25,6 +26,14 @@ MAX_FIELD_CHARS = 128
 MAX_DESCRIPTION_CHARS = 256
 # Room kept in the budget for the ErrorInfo, protobuf framing and the "… more" entry.
 _RESERVED_BYTES = 256
+
+
+# The trailer gRPC clients with a retry policy obey (gRFC A6): wait this many milliseconds.
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+
+
+class _Status(collections.namedtuple("_Status", ("code", "details", "trailing_metadata")), grpc.Status):  # type: ignore[misc]
+    pass
 
 
 def to_status(err: RequestError) -> grpc.Status:
@@ -46,8 +55,17 @@ def to_status(err: RequestError) -> grpc.Status:
         packed = any_pb2.Any()
         packed.Pack(resource)
         details.append(packed)
-    status = status_pb2.Status(code=err.code.value[0], message=message, details=details)
-    return rpc_status.to_status(status)
+    if err.retry_after is not None:
+        packed = any_pb2.Any()
+        delay = duration_pb2.Duration()
+        delay.FromMilliseconds(round(err.retry_after * 1000))
+        packed.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+        details.append(packed)
+    status = rpc_status.to_status(status_pb2.Status(code=err.code.value[0], message=message, details=details))
+    if err.retry_after is None:
+        return status
+    pushback = (RETRY_PUSHBACK_KEY, str(round(err.retry_after * 1000)))
+    return _Status(status.code, status.details, (*status.trailing_metadata, pushback))
 
 
 def _resource_info(err: RequestError) -> error_details_pb2.ResourceInfo | None:

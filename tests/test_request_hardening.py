@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,6 +21,7 @@ from antwort_grpc import pb
 from antwort_grpc.errors import FieldViolation, invalid_argument
 from antwort_grpc.grpc_status import to_status
 from antwort_grpc.providers.scripted import ScriptedProvider, Text
+from antwort_grpc.responses import schemas
 from antwort_grpc.responses.request_limits import MAX_ID_CHARS
 from antwort_grpc.storage.base import StoredResponse
 from antwort_grpc.storage.memory import MemoryStore
@@ -157,6 +159,10 @@ OVER_THE_LIMITS = {
         pb.CreateResponseRequest(input_text="hi", tools=[big_schema(1000)]),
         "tools[0].function.parameters",
     ),
+    "20 schemas of 60 KiB (over 1 MiB of tools)": (
+        pb.CreateResponseRequest(input_text="hi", tools=[big_schema(500)] * 20),
+        "tools",
+    ),
     "a schema 24 levels deep": (
         pb.CreateResponseRequest(input_text="hi", tools=[deep_schema(12)]),
         "tools[0].function.parameters",
@@ -209,6 +215,7 @@ async def test_limits_are_settings() -> None:
         max_metadata=1,
         max_schema_depth=3,
         max_schema_bytes=200,
+        max_tools_bytes=1000,
     ) as gw:
         assert "tools" in await rejected(gw, pb.CreateResponseRequest(input_text="hi", tools=many_tools(3)))
         assert "input_items.items" in await rejected(gw, pb.CreateResponseRequest(input_items=items(2)))
@@ -218,6 +225,8 @@ async def test_limits_are_settings() -> None:
         assert "deep" in deep["tools[0].function.parameters"]
         big = await rejected(gw, pb.CreateResponseRequest(input_text="hi", tools=[big_schema(5)]))
         assert "bytes" in big["tools[0].function.parameters"]
+        together = await rejected(gw, pb.CreateResponseRequest(input_text="hi", tools=[big_schema(5)] * 2))
+        assert "bytes serialized together" in together["tools"]
         # Within them, it runs.
         ok = pb.CreateResponseRequest(input_text="hi", tools=many_tools(2), metadata={"a": "1"})
         assert output_text(await gw.create(ok)) == "ok"
@@ -237,20 +246,32 @@ def heavy_schema_tools(count: int) -> list[pb.Tool]:
     return tools
 
 
-async def test_checking_a_large_request_does_not_hold_up_other_calls() -> None:
+async def test_checking_a_large_request_does_not_hold_up_other_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each schema's check waits until a health check was answered meanwhile: on the event loop,
+    # which would have to answer it, it waits in vain.
+    started, answered = threading.Event(), threading.Event()
+    waited: list[bool] = []
+    check = schemas._check
+
+    def waiting_check(*args: Any) -> str:
+        if not started.is_set():  # the first one waits
+            started.set()
+            waited.append(answered.wait(5))
+        return check(*args)
+
+    monkeypatch.setattr(schemas, "_check", waiting_check)
     async with running_gateway(provider=ScriptedProvider([[Text("ok")]], repeat=True)) as gw:
         health = health_pb2_grpc.HealthStub(gw.channel)
         request = pb.CreateResponseRequest(input_text="hi", tools=heavy_schema_tools(128))
         request.tools[-1].function.name = "bad name"  # so the check ends in an error, after all of them
         create = asyncio.create_task(rejected(gw, request))
-        answered_meanwhile = 0
-        while not create.done():
-            reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=10)
-            assert reply.status == health_pb2.HealthCheckResponse.SERVING
-            answered_meanwhile += 1
+        await asyncio.to_thread(started.wait, 10)
+        reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        answered.set()
         found = await create
+    assert waited[0], "the request was checked on the event loop: no health check was answered meanwhile"
     assert "tools[127].function.name" in found
-    assert answered_meanwhile >= 5, f"{answered_meanwhile} health checks answered while the request was checked"
 
 
 async def test_history_past_its_byte_cap_is_refused_as_the_chain_is_read() -> None:

@@ -16,6 +16,10 @@ class Limits:
     # Each function tool's `parameters`, serialized; and its nesting (objects and arrays).
     max_schema_bytes: int = 64 * 1024
     max_schema_depth: int = 20
+    # Every tool of a request, serialized, together. The request's tools are echoed in the
+    # Response its events carry and converted for every model call: past a few MiB a request
+    # costs seconds of CPU on the event loop (docs/limits.md).
+    max_tools_bytes: int = 1024 * 1024
     max_input_items: int = 2048
     max_metadata: int = 16
 

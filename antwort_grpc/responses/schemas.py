@@ -1,25 +1,53 @@
 """Is a function tool's `parameters` a usable JSON Schema? Answers are cached by schema.
 
-A JSON Schema check costs about 2 ms of pure Python; clients send the same few schemas with every
-request, so after the first request a check is a serialization and a dictionary lookup.
+The check against the meta-schema runs in Rust (jsonschema-rs): for a 60 KiB schema of a few
+hundred properties about 0.3 ms, where the pure-Python jsonschema took 340 ms — the difference
+between a request at the limits costing 0.05 s and 40 s of CPU. Clients send the same few schemas
+with every request, so after the first request a check is a serialization and a dictionary lookup.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import logging
 import threading
 from collections import OrderedDict
+from typing import Any
 
+import jsonschema_rs
 from google.protobuf import struct_pb2
-from google.protobuf.json_format import MessageToDict
-from jsonschema import exceptions as schema_errors
-from jsonschema.validators import Draft202012Validator, validator_for
+from jsonschema.validators import Draft4Validator, Draft6Validator, Draft7Validator, Draft201909Validator
+from jsonschema.validators import Draft202012Validator as Latest
+
+from antwort_grpc.structs import digest, json_depth, remember, struct_to_dict
 
 log = logging.getLogger(__name__)
 
-# For a `$schema` jsonschema does not know (it would warn, and later versions refuse).
-LATEST = Draft202012Validator
+
+def _meta_validator(validator: Any) -> Any:
+    # Built from the meta-schema itself (not from the schema's `$schema`): a `$schema` the
+    # validator does not know is never fetched, it is only a string.
+    return jsonschema_rs.validator_for(validator.META_SCHEMA, validate_formats=True)
+
+
+# The drafts a `$schema` may name; any other (or none) is checked as the latest.
+_DRAFTS = {
+    v.META_SCHEMA["$schema"].rstrip("#"): v
+    for v in (Draft4Validator, Draft6Validator, Draft7Validator, Draft201909Validator, Latest)
+}
+_META: dict[str, Any] = {}
+_meta_lock = threading.Lock()
+
+
+def _meta_for(uri: object) -> Any:
+    draft = _DRAFTS.get(uri.rstrip("#") if isinstance(uri, str) else "", Latest)
+    key = draft.META_SCHEMA["$schema"]
+    with _meta_lock:
+        meta = _META.get(key)
+        if meta is None:
+            meta = _META[key] = _meta_validator(draft)
+    return meta
+
 
 CACHE_SIZE = 4096
 
@@ -34,13 +62,13 @@ def parameters_problem(parameters: struct_pb2.Struct, *, max_bytes: int, max_dep
     data = parameters.SerializeToString(deterministic=True)
     if len(data) > max_bytes:
         return f"at most {max_bytes} bytes serialized (this one is {len(data)})"
-    key = (hashlib.blake2b(data, digest_size=16).digest(), max_depth)
+    key = (digest(data), max_depth)
     with _lock:
         verdict = _cache.get(key)
         if verdict is not None:
             _cache.move_to_end(key)
             return verdict
-    verdict = _check(parameters, max_depth)
+    verdict = _check(parameters, key[0], max_depth)
     with _lock:
         _cache[key] = verdict
         while len(_cache) > CACHE_SIZE:
@@ -48,30 +76,19 @@ def parameters_problem(parameters: struct_pb2.Struct, *, max_bytes: int, max_dep
     return verdict
 
 
-def _check(parameters: struct_pb2.Struct, max_depth: int) -> str:
+def _check(parameters: struct_pb2.Struct, key: bytes, max_depth: int) -> str:
     try:
-        schema = MessageToDict(parameters)
+        schema = struct_to_dict(parameters)
     except ValueError as err:
         if "NaN" in str(err) or "Infinity" in str(err):
             return "numbers must be finite (NaN and infinity are not JSON)"
         return f"not JSON: {err}"
-    if _depth(schema, max_depth) > max_depth:
+    text = json.dumps(schema)
+    # The model calls that send this schema take its JSON text from there.
+    remember(key, text)
+    if json_depth(text) > max_depth:
         return f"nested at most {max_depth} levels deep"
     return schema_problem(schema)
-
-
-def _depth(value: object, limit: int, level: int = 0) -> int:
-    """How deep objects and arrays nest in `value`; stops counting past `limit`."""
-    if level > limit:
-        return level
-    children: list[object]
-    if isinstance(value, dict):
-        children = list(value.values())
-    elif isinstance(value, list):
-        children = value
-    else:
-        return level
-    return max((_depth(child, limit, level + 1) for child in children), default=level + 1)
 
 
 def schema_problem(schema: dict[str, object]) -> str:
@@ -81,13 +98,13 @@ def schema_problem(schema: dict[str, object]) -> str:
     if not isinstance(schema.get("$schema", ""), str):
         return "'$schema' must be a string (a meta-schema URI)"
     try:
-        validator_for(schema, default=LATEST).check_schema(schema)
-    except schema_errors.SchemaError as err:
-        path = "/".join(str(p) for p in err.path)
-        return f"not a valid JSON Schema: {err.message}" + (f" (at {path})" if path else "")
+        error = next(iter(_meta_for(schema.get("$schema")).iter_errors(schema)), None)
     except Exception as err:
         # The validator is third-party code fed untrusted input: whatever it trips over is the
         # schema's problem, not a failure of the gateway.
         log.debug("JSON Schema check failed", exc_info=True)
         return f"not a valid JSON Schema ({type(err).__name__})"
+    if error is not None:
+        path = "/".join(str(p) for p in error.instance_path)
+        return f"not a valid JSON Schema: {error.message}" + (f" (at {path})" if path else "")
     return ""

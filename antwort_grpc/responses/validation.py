@@ -7,7 +7,6 @@ the event loop (and every other stream) never waits on it.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Iterable
 
@@ -16,6 +15,7 @@ from google.protobuf.duration_pb2 import Duration
 from antwort_grpc import pb
 from antwort_grpc.engine.budget import ServerLimits
 from antwort_grpc.errors import FieldViolation, invalid_argument, shorten
+from antwort_grpc.offload import off_loop
 from antwort_grpc.providers import coalesce
 from antwort_grpc.responses.request_limits import DEFAULT_LIMITS, MAX_ID_CHARS, Limits
 from antwort_grpc.responses.schemas import parameters_problem
@@ -32,7 +32,7 @@ async def check_create(request: pb.CreateResponseRequest, limits: Limits = DEFAU
     """Raise INVALID_ARGUMENT with every problem of `request`, if it has any."""
     items = request.input_items.items if request.WhichOneof("input") == "input_items" else ()
     if len(request.tools) > _THREAD_TOOLS or len(items) > _THREAD_ITEMS:
-        violations = await asyncio.to_thread(validate_create, request, limits)
+        violations = await off_loop(validate_create, request, limits)
     else:
         violations = validate_create(request, limits)
     if violations:
@@ -44,14 +44,7 @@ def validate_create(request: pb.CreateResponseRequest, limits: Limits = DEFAULT_
     check_id("model", request.model, v)
     check_id("previous_response_id", request.previous_response_id, v)
     _check_input(request, limits, v)
-    if len(request.tools) > limits.max_tools:
-        # Not looked at one by one: that is the work the limit is there to bound.
-        v.append(FieldViolation("tools", f"at most {limits.max_tools} tools (this request has {len(request.tools)})"))
-    else:
-        function_names = _check_tools(request.tools, limits, v)
-        hosted = any(t.WhichOneof("kind") != "function" for t in request.tools)
-        if request.HasField("tool_choice"):
-            _check_choice(request.tool_choice, function_names, hosted, limits, v)
+    _check_request_tools(request, limits, v)
     if request.HasField("max_output_tokens") and request.max_output_tokens <= 0:
         v.append(FieldViolation("max_output_tokens", "must be positive"))
     if request.HasField("temperature") and not 0.0 <= request.temperature <= 2.0:
@@ -69,6 +62,21 @@ def validate_create(request: pb.CreateResponseRequest, limits: Limits = DEFAULT_
             if len(value) > 512:
                 v.append(FieldViolation(f"metadata[{shorten(key, 20)}]", "values are at most 512 characters"))
     return v
+
+
+def _check_request_tools(request: pb.CreateResponseRequest, limits: Limits, v: list[FieldViolation]) -> None:
+    if len(request.tools) > limits.max_tools:
+        # Not looked at one by one: that is the work the limit is there to bound.
+        v.append(FieldViolation("tools", f"at most {limits.max_tools} tools (this request has {len(request.tools)})"))
+    elif (size := sum(tool.ByteSize() for tool in request.tools)) > limits.max_tools_bytes:
+        v.append(
+            FieldViolation("tools", f"at most {limits.max_tools_bytes} bytes serialized together (these are {size})")
+        )
+    else:
+        function_names = _check_tools(request.tools, limits, v)
+        hosted = any(t.WhichOneof("kind") != "function" for t in request.tools)
+        if request.HasField("tool_choice"):
+            _check_choice(request.tool_choice, function_names, hosted, limits, v)
 
 
 def check_id(field: str, value: str, v: list[FieldViolation]) -> None:

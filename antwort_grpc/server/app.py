@@ -132,7 +132,7 @@ async def start_gateway(
     refuse_open_listen(settings)
     credentials = server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
     core = await build_core(settings, Parts(provider, store, list(executors)))
-    servicer = ResponsesServicer(core.responses, core.edge)
+    servicer = ResponsesServicer(core.responses, core.edge, settings.converse_idle_timeout)
     edge = core.edge
     interceptors: list[grpc.aio.ServerInterceptor] = []
     metrics = core.observability.metrics if core.observability is not None else None

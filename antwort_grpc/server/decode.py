@@ -8,9 +8,9 @@ Streamed requests (Converse) are parsed one message at a time as the servicer re
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextvars import ContextVar
 from typing import Any
 
 import grpc
@@ -20,6 +20,7 @@ from google.protobuf.message_factory import GetMessageClass
 
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.grpc_status import abort
+from antwort_grpc.offload import off_loop
 
 # Requests larger than this are parsed in a worker thread, so a 32 MiB request does not hold the
 # event loop (and every other stream) while it is parsed.
@@ -30,6 +31,41 @@ LOCATE_DEPTH = 8
 _OPAQUE = {"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"}
 
 Parse = Callable[[bytes], Message]
+
+# The size on the wire of the request last parsed in this task (the unary call's; on a stream,
+# the message its reader took last): what admission weighs, known without walking the message
+# (ByteSize walks it: 20 ms for a request of 8 MB). 0: not parsed here.
+request_bytes: ContextVar[int] = ContextVar("request_bytes", default=0)
+
+
+class EventMessage:
+    """A CreateResponseResponse or ConverseResponse holding `event` (field 1 of both), serialized
+    without being built: building one copies the event, and a lifecycle event carries the whole
+    Response (every tool schema of the request echoed), three times per response."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event: Message) -> None:
+        self.event = event
+
+    def SerializeToString(self) -> bytes:
+        data = self.event.SerializeToString()
+        return b"\x0a" + _length(len(data)) + data
+
+
+def _length(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _serialize(message: Any) -> bytes:
+    """A response as the wire carries it: a protobuf message, or an EventMessage."""
+    data: bytes = message.SerializeToString()
+    return data
 
 
 class _Capture:
@@ -102,7 +138,7 @@ def _parsing(handler: Any, refused: Callable[[RequestError], None] | None = None
             finally:
                 await messages.aclose()
 
-        return grpc.unary_stream_rpc_method_handler(unary_stream, response_serializer=handler.response_serializer)
+        return grpc.unary_stream_rpc_method_handler(unary_stream, response_serializer=_serialize)
     return handler
 
 
@@ -133,17 +169,18 @@ def _parsing_stream(handler: Any, parse: Parse, refused: Callable[[RequestError]
         return result
 
     make = grpc.stream_stream_rpc_method_handler if handler.stream_stream else grpc.stream_unary_rpc_method_handler
-    return make(run, response_serializer=handler.response_serializer)
+    return make(run, response_serializer=_serialize)
 
 
 async def parse_request(
     raw: bytes, parse: Parse, context: Any, refused: Callable[[RequestError], None] | None = None
 ) -> Any:
     """The request `raw` holds; aborts the call with INVALID_ARGUMENT (`refused` is told) when it
-    does not parse."""
+    does not parse. Its size is `request_bytes` in the task that asked, until the next one."""
+    request_bytes.set(len(raw))
     try:
         if len(raw) > PARSE_IN_THREAD_BYTES:
-            return await asyncio.to_thread(parse, raw)
+            return await off_loop(parse, raw)
         return parse(raw)
     except DecodeError as err:
         message_class = getattr(parse, "__self__", None)

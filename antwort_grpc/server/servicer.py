@@ -21,6 +21,7 @@ from antwort_grpc.grpc_status import abort
 from antwort_grpc.hooks.service import Caller
 from antwort_grpc.responses.controls import validate_control
 from antwort_grpc.responses.service import Responses, rejection
+from antwort_grpc.server.decode import EventMessage, request_bytes
 
 # grpc ships no type information: the servicer context is untyped.
 Context: TypeAlias = Any
@@ -38,41 +39,44 @@ def caller_of(context: Context) -> Caller:
 
 
 class ResponsesServicer(pb.ResponsesServiceServicer):
-    def __init__(self, responses: Responses, edge: Edge | None = None) -> None:
+    def __init__(self, responses: Responses, edge: Edge | None = None, converse_idle_timeout: float = 0.0) -> None:
         self.responses = responses
         self.edge = edge or Edge()
+        # Seconds a Converse stream may wait with no response running; 0: for ever.
+        self.converse_idle_timeout = converse_idle_timeout
 
     async def CreateResponse(
         self, request: pb.CreateResponseRequest, context: Context
-    ) -> AsyncIterator[pb.CreateResponseResponse]:
+    ) -> AsyncIterator[EventMessage]:  # a CreateResponseResponse on the wire
         metadata = context.invocation_metadata() or ()
         try:
             async with self.edge.stream("CreateResponse", current_identity.get(), metadata) as watch:
-                caller = caller_of(context) if self.responses.hooked else None
-                run = await self.responses.create(
-                    request, owner=owner_of(context), timeout=context.time_remaining(), caller=caller
-                )
-                # Closed with this call, however it ends (try/finally: aclosing's two calls, per request).
-                events = run.events()
-                observing = watch.observing
-                try:
-                    if request.stream:
-                        async for event in events:
-                            if observing:
-                                watch.saw(event)
-                            yield _message(event)
-                    else:
-                        # One code path: drain the same stream, send only the terminal event.
-                        last = None
-                        async for event in events:
-                            if observing:
-                                watch.saw(event)
-                            last = event
-                        assert last is not None
-                        yield _message(last)
-                    watch.ended()
-                finally:
-                    await events.aclose()
+                with self.edge.response(request_bytes.get() or request.ByteSize()):
+                    caller = caller_of(context) if self.responses.hooked else None
+                    run = await self.responses.create(
+                        request, owner=owner_of(context), timeout=context.time_remaining(), caller=caller
+                    )
+                    # Closed with this call, however it ends (try/finally: aclosing's two calls, per request).
+                    events = run.events()
+                    observing = watch.observing
+                    try:
+                        if request.stream:
+                            async for event in events:
+                                if observing:
+                                    watch.saw(event)
+                                yield _message(event)
+                        else:
+                            # One code path: drain the same stream, send only the terminal event.
+                            last = None
+                            async for event in events:
+                                if observing:
+                                    watch.saw(event)
+                                last = event
+                            assert last is not None
+                            yield _message(last)
+                        watch.ended()
+                    finally:
+                        await events.aclose()
         except RequestError as err:
             await abort(context, err)
 
@@ -80,7 +84,8 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
         metadata = context.invocation_metadata() or ()
         try:
             async with self.edge.stream("Converse", current_identity.get(), metadata) as watch:
-                await _Session(self.responses, requests, context, watch).serve()
+                session = _Session(self.responses, self.edge, requests, context, watch)
+                await session.serve(self.converse_idle_timeout)
                 watch.ended()
         except RequestError as err:
             await abort(context, err)
@@ -138,9 +143,15 @@ class _Session:
     the stream with its status: nothing runs yet that it could harm."""
 
     def __init__(
-        self, responses: Responses, requests: AsyncIterator[pb.ConverseRequest], context: Context, watch: Watch
+        self,
+        responses: Responses,
+        edge: Edge,
+        requests: AsyncIterator[pb.ConverseRequest],
+        context: Context,
+        watch: Watch,
     ) -> None:
         self.responses = responses
+        self.edge = edge
         self.watch = watch
         self.requests = requests
         self.context = context
@@ -148,64 +159,84 @@ class _Session:
         self.caller = caller_of(context)
         # What the reader hands over: the next response to start, the error that ends the stream
         # (a bad first message), or None once the client has stopped sending.
-        self.creates: asyncio.Queue[pb.CreateResponseRequest | RequestError | None] = asyncio.Queue()
+        self.creates: asyncio.Queue[tuple[pb.CreateResponseRequest, int] | RequestError | None] = asyncio.Queue()
         self.run: Run | None = None
         # Controls that came while the response was being started: delivered once it runs.
         self.early: list[pb.Control] | None = None
         # One write at a time: events from this task, rejections from the reader.
         self.writing = asyncio.Lock()
 
-    async def serve(self) -> None:
+    async def serve(self, idle_timeout: float = 0.0) -> None:
+        """Responses one after another until the client stops sending, or until it has let
+        `idle_timeout` seconds pass with none running (0: it may wait for ever)."""
         reader = asyncio.create_task(self._read())
         try:
             first = True
-            while (request := await self.creates.get()) is not None:
-                if isinstance(request, RequestError):
-                    self.watch.refused(request)
-                    await abort(self.context, request)
+            while (next_create := await self._next(idle_timeout)) is not None:
+                if isinstance(next_create, RequestError):
+                    self.watch.refused(next_create)
+                    await abort(self.context, next_create)
                     return
+                request, size = next_create
                 request.stream = True  # a session always streams its events
                 try:
-                    run = await self.responses.create(
-                        request,
-                        owner=self.owner,
-                        timeout=self.context.time_remaining(),
-                        controller=True,
-                        caller=self.caller,
-                    )
+                    # Each response of the session is admitted apart, for as long as it runs.
+                    with self.edge.response(size):
+                        run = await self.responses.create(
+                            request,
+                            owner=self.owner,
+                            timeout=self.context.time_remaining(),
+                            controller=True,
+                            caller=self.caller,
+                        )
+                        first = False
+                        await self._stream(run, reader)
                 except RequestError as err:
                     self.early = None
                     self.watch.refused(err)
                     if first:
                         await abort(self.context, err)
                     await self._reject(err)
-                    continue
-                first = False
-                self.run = run
-                early, self.early = self.early or [], None
-                for control in early:
-                    await self._control(control)
-                if reader.done():
-                    run.detach()
-                try:
-                    async with contextlib.aclosing(run.events()) as events:
-                        async for event in events:
-                            self.watch.saw(event)
-                            if event.WhichOneof("event") in _TERMINAL:
-                                # The client may send its next create the moment it reads this
-                                # event, while the run still winds down (the early model call
-                                # discarded, the run let go of): the stream takes it from now.
-                                self.run = None
-                            message = pb.ConverseResponse()
-                            message.event.CopyFrom(event)
-                            async with self.writing:
-                                await self.context.write(message)
-                finally:
-                    self.run = None
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+
+    async def _next(self, idle_timeout: float) -> tuple[pb.CreateResponseRequest, int] | RequestError | None:
+        """What the reader hands over next; an idle_timeout error when nothing comes in time."""
+        if not idle_timeout:
+            return await self.creates.get()
+        try:
+            async with asyncio.timeout(idle_timeout):
+                return await self.creates.get()
+        except TimeoutError:
+            return RequestError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no response ran on this stream for {idle_timeout:g} s (ANTWORT_CONVERSE_IDLE_TIMEOUT): "
+                "open a new stream, and continue with previous_response_id",
+                reason="idle_timeout",
+            )
+
+    async def _stream(self, run: Run, reader: asyncio.Task[None]) -> None:
+        self.run = run
+        early, self.early = self.early or [], None
+        for control in early:
+            await self._control(control)
+        if reader.done():
+            run.detach()
+        try:
+            async with contextlib.aclosing(run.events()) as events:
+                async for event in events:
+                    self.watch.saw(event)
+                    if event.WhichOneof("event") in _TERMINAL:
+                        # The client may send its next create the moment it reads this event,
+                        # while the run still winds down (the early model call discarded, the
+                        # run let go of): the stream takes it from now.
+                        self.run = None
+                    async with self.writing:
+                        await self.context.write(EventMessage(event))
+        finally:
+            self.run = None
 
     async def _read(self) -> None:
         try:
@@ -222,7 +253,8 @@ class _Session:
                         await self._reject(_busy())
                         continue
                     self.early = []
-                    self.creates.put_nowait(message.create)
+                    # The size of the message just read (the create and a few bytes of framing).
+                    self.creates.put_nowait((message.create, request_bytes.get() or message.create.ByteSize()))
                 elif which == "control":
                     await self._control(message.control)
                 else:
@@ -269,9 +301,5 @@ def _busy() -> RequestError:
     )
 
 
-def _message(event: pb.StreamEvent) -> pb.CreateResponseResponse:
-    # CopyFrom into an empty message costs half of CreateResponseResponse(event=event), once
-    # per streamed event.
-    message = pb.CreateResponseResponse()
-    message.event.CopyFrom(event)
-    return message
+def _message(event: pb.StreamEvent) -> EventMessage:
+    return EventMessage(event)

@@ -141,7 +141,9 @@ class FakeOpenAI:
         self._holding = asyncio.Event()
 
     async def start(self) -> None:
-        app = web.Application()
+        # As large a body as a real backend takes (aiohttp's default is 1 MiB): a request at the
+        # gateway's limits is about 10 MB of JSON.
+        app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)

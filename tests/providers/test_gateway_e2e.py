@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from antwort_grpc import pb
 from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
+from antwort_grpc.providers.openai import provider as provider_module
 from antwort_grpc.storage.memory import MemoryStore
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply, ScriptedToolCall
 from tests.fakes import MockExecutor, echo
@@ -178,3 +183,36 @@ async def test_health_reports_an_unreachable_backend(fake: FakeOpenAI) -> None:
     finally:
         await provider.aclose()
     assert not health.ok and "unreachable" in health.detail
+
+
+async def test_a_large_backend_body_is_built_off_the_event_loop(
+    fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Building the body waits until a health check was answered meanwhile: on the event loop,
+    # which would have to answer it, it waits in vain.
+    started, answered = threading.Event(), threading.Event()
+    waited: list[bool] = []
+    encode = provider_module.encode_body
+
+    def waiting_encode(*args: Any, **kwargs: Any) -> bytes:
+        if not started.is_set():  # the first one waits
+            started.set()
+            waited.append(answered.wait(5))
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(provider_module, "encode_body", waiting_encode)
+    fake.add(Reply(text="done"))
+    request = user("hi")
+    request.tools.extend(function_tool(f"tool_{n}") for n in range(32))
+    async with gateway_on(fake) as gw:
+        health = health_pb2_grpc.HealthStub(gw.channel)
+        create = asyncio.create_task(gw.create(request))
+        await asyncio.to_thread(started.wait, 10)
+        reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        answered.set()
+        response = await create
+    assert waited == [True], "the body was built on the event loop: no health check was answered meanwhile"
+    assert output_text(response) == "done"
+    (chat,) = [r for r in fake.requests if r.path.endswith("/chat/completions")]
+    assert [t["function"]["name"] for t in chat.body["tools"]] == [f"tool_{n}" for n in range(32)]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TypeVar
@@ -17,11 +16,12 @@ from typing import TypeVar
 import aiohttp
 from pydantic import ValidationError
 
+from antwort_grpc.offload import off_loop
 from antwort_grpc.providers.base import Completion, ProviderError, ProviderEvent, ProviderHealth, TurnRequest
 from antwort_grpc.providers.coalesce import MAX_MERGED, delta_size, merge_deltas, mergeable
 from antwort_grpc.providers.openai.config import BackendConfig
 from antwort_grpc.providers.openai.errors import backoff, retry_after, status_error
-from antwort_grpc.providers.openai.request import build_body
+from antwort_grpc.providers.openai.request import encode_body
 from antwort_grpc.providers.openai.sse import SseParser
 from antwort_grpc.providers.openai.translate import StreamTranslator, completion
 from antwort_grpc.providers.openai.wire import ChatCompletion, ChatCompletionChunk
@@ -78,7 +78,7 @@ class OpenAICompatProvider:
 
     async def stream(self, turn: TurnRequest) -> AsyncGenerator[ProviderEvent, None]:
         model = turn.model or self.config.model
-        body = json.dumps(build_body(turn, stream=True, model=model)).encode()
+        body = await _body(turn, stream=True, model=model)
         attempt = 0
         while True:
             started = False
@@ -99,7 +99,7 @@ class OpenAICompatProvider:
 
     async def complete(self, turn: TurnRequest) -> Completion:
         model = turn.model or self.config.model
-        body = json.dumps(build_body(turn, stream=False, model=model)).encode()
+        body = await _body(turn, stream=False, model=model)
         return await self._with_retries(lambda: self._complete_once(body, model))
 
     async def check_health(self) -> ProviderHealth:
@@ -272,6 +272,19 @@ class OpenAICompatProvider:
             if not mergeable(events[-1]) or sum(map(delta_size, events)) >= MAX_MERGED:
                 return False
         return False
+
+
+# A turn this large has its body built in a worker thread: converting it takes tens of
+# milliseconds up to about a second (128 tools with 64 KiB schemas, 2,048 items), which on the
+# event loop would stall every other stream and the health checks.
+_THREAD_TOOLS = 8
+_THREAD_ITEMS = 256
+
+
+async def _body(turn: TurnRequest, *, stream: bool, model: str) -> bytes:
+    if len(turn.tools) > _THREAD_TOOLS or len(turn.items) > _THREAD_ITEMS:
+        return await off_loop(encode_body, turn, stream=stream, model=model)
+    return encode_body(turn, stream=stream, model=model)
 
 
 def _holds(turn: TurnRequest, events: list[ProviderEvent]) -> bool:

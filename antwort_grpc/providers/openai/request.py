@@ -6,10 +6,9 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict
-
 from antwort_grpc import pb
 from antwort_grpc.providers.base import TurnRequest
+from antwort_grpc.structs import struct_json
 
 ChatMessage = dict[str, Any]
 
@@ -28,14 +27,27 @@ _MODES = {
     pb.ToolChoiceMode.TOOL_CHOICE_MODE_NONE: "none",
     pb.ToolChoiceMode.TOOL_CHOICE_MODE_UNSPECIFIED: "auto",
 }
-_EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
+_EMPTY_SCHEMA_JSON = json.dumps({"type": "object", "properties": {}})
 
 
-def build_body(turn: TurnRequest, *, stream: bool, model: str | None = None) -> dict[str, Any]:
+def encode_body(turn: TurnRequest, *, stream: bool, model: str | None = None) -> bytes:
+    """The request body as sent: build_body's JSON, with each tool's schema spliced in as the JSON
+    text converted once (structs.struct_json) rather than converted and encoded again per call."""
+    body = build_body(turn, stream=stream, model=model, tools=False)
+    text = json.dumps(body)
+    if turn.tools:
+        tools = ", ".join(_function_tool_json(tool) for tool in turn.tools)
+        text = f'{text[:-1]}, "tools": [{tools}]}}'
+    return text.encode()
+
+
+def build_body(turn: TurnRequest, *, stream: bool, model: str | None = None, tools: bool = True) -> dict[str, Any]:
+    """The request body; `tools` False: without the "tools" list (encode_body adds it)."""
     messages = build_messages(turn.instructions, turn.items)
     body: dict[str, Any] = {"model": model or turn.model, "messages": messages}
     if turn.tools:
-        body["tools"] = [function_tool(tool) for tool in turn.tools]
+        if tools:
+            body["tools"] = [function_tool(tool) for tool in turn.tools]
         if turn.tool_choice is not None:
             body["tool_choice"] = tool_choice(turn.tool_choice)
         # Backends (OpenAI among them) reject parallel_tool_calls without tools.
@@ -149,10 +161,29 @@ def function_tool(tool: pb.FunctionTool) -> dict[str, Any]:
     function: dict[str, Any] = {"name": tool.name}
     if tool.description:
         function["description"] = tool.description
-    function["parameters"] = MessageToDict(tool.parameters) if tool.HasField("parameters") else _EMPTY_SCHEMA
+    function["parameters"] = json.loads(_parameters_json(tool))
     if tool.strict:
         function["strict"] = True
     return {"type": "function", "function": function}
+
+
+_PARAMETERS = '"parameters": '
+
+
+def _function_tool_json(tool: pb.FunctionTool) -> str:
+    """json.dumps(function_tool(tool)), the schema's text taken as it is."""
+    function: dict[str, Any] = {"name": tool.name}
+    if tool.description:
+        function["description"] = tool.description
+    function["parameters"] = None
+    if tool.strict:
+        function["strict"] = True
+    head, tail = json.dumps({"type": "function", "function": function}).split(_PARAMETERS + "null", 1)
+    return f"{head}{_PARAMETERS}{_parameters_json(tool)}{tail}"
+
+
+def _parameters_json(tool: pb.FunctionTool) -> str:
+    return struct_json(tool.parameters) if tool.HasField("parameters") else _EMPTY_SCHEMA_JSON
 
 
 def tool_choice(choice: pb.ToolChoice) -> str | dict[str, Any]:

@@ -1,0 +1,156 @@
+"""The gateway's admission of responses: a memory budget for the requests running and a cap of
+responses at once, both refusing with RESOURCE_EXHAUSTED and a retry pushback before any work
+starts, both sized for the machine by default; and the idle timeout of Converse streams."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from antwort_grpc import machine, pb
+from antwort_grpc.config import GatewaySettings
+from antwort_grpc.core import MEMORY_BUDGET_SHARE, RUNNING_PER_CORE, admission
+from antwort_grpc.edge import estimated_memory
+from antwort_grpc.grpc_status import RETRY_PUSHBACK_KEY
+from antwort_grpc.providers.scripted import ScriptedProvider, Text, Turn
+from tests.harness import GatewayClient, output_text, running_gateway, user
+from tests.test_interactive_runs import Session
+
+
+def padded(text: str, size: int) -> pb.CreateResponseRequest:
+    """A request of about `size` bytes."""
+    request = user(text)
+    request.instructions = "x" * size
+    return request
+
+
+async def refusal(gw: GatewayClient, request: pb.CreateResponseRequest) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await gw.create(request)
+    return caught.value
+
+
+def pushback_ms(error: grpc.aio.AioRpcError) -> int:
+    trailers = dict(error.trailing_metadata() or ())
+    return int(trailers[RETRY_PUSHBACK_KEY])
+
+
+def retry_delay(error: grpc.aio.AioRpcError) -> float:
+    status = rpc_status.from_call(error)
+    assert status is not None, "the error carries google.rpc.Status details"
+    for detail in status.details:
+        info = error_details_pb2.RetryInfo()
+        if detail.Unpack(info):
+            return info.retry_delay.ToMilliseconds() / 1000
+    raise AssertionError("no RetryInfo in the status details")
+
+
+async def started(provider: ScriptedProvider, gw: GatewayClient, request: pb.CreateResponseRequest) -> asyncio.Task:
+    """A response running (its model turn held) while the test goes on."""
+    task = asyncio.create_task(gw.create(request))
+    await provider.holding.wait()
+    return task
+
+
+async def test_a_response_past_the_memory_budget_is_refused_with_a_retry_pushback() -> None:
+    hold = asyncio.Event()
+    provider = ScriptedProvider([Turn([Text("first")], hold=hold), [Text("second")]])
+    budget = estimated_memory(300_000) + estimated_memory(300_000)  # room for two of 300 kB
+    async with running_gateway(provider=provider, memory_budget_bytes=budget) as gw:
+        running = await started(provider, gw, padded("one", 300_000))
+        error = await refusal(gw, padded("two", 400_000))
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "memory budget" in (error.details() or "")
+        assert pushback_ms(error) > 0 and retry_delay(error) > 0
+        assert len(provider.requests) == 1, "the refused request never reached the model"
+        hold.set()
+        assert output_text(await running) == "first"
+        # Its memory given back, the same request runs.
+        assert output_text(await gw.create(padded("two", 400_000))) == "second"
+
+
+async def test_a_request_larger_than_the_whole_budget_runs_when_nothing_else_does() -> None:
+    provider = ScriptedProvider([[Text("ok")]])
+    async with running_gateway(provider=provider, memory_budget_bytes=1000) as gw:
+        assert output_text(await gw.create(padded("big", 100_000))) == "ok"
+
+
+async def test_responses_past_the_running_cap_are_refused_with_a_retry_pushback() -> None:
+    hold = asyncio.Event()
+    provider = ScriptedProvider([Turn([Text("first")], hold=hold), [Text("second")]])
+    async with running_gateway(provider=provider, max_running_responses=1) as gw:
+        running = await started(provider, gw, user("one"))
+        error = await refusal(gw, user("two"))
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "at most 1 responses at once" in (error.details() or "")
+        assert pushback_ms(error) > 0
+        hold.set()
+        await running
+        assert output_text(await gw.create(user("two"))) == "second"
+
+
+async def test_a_converse_stream_refused_at_its_first_response_ends_with_the_pushback() -> None:
+    hold = asyncio.Event()
+    provider = ScriptedProvider([Turn([Text("held")], hold=hold), [Text("on the stream")]])
+    async with running_gateway(provider=provider, max_running_responses=1) as gw:
+        running = await started(provider, gw, user("elsewhere"))
+        session = Session(gw)
+        await session.start(user("refused"))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await session.until("terminal")
+        # The first message of a session ends it with its status, as a bad request would.
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert pushback_ms(caught.value) > 0
+        session = Session(gw)
+        hold.set()
+        await running
+        await session.start(user("admitted"))
+        assert kind_of(await session.until("terminal")) == "completed"
+        session.call.cancel()
+
+
+def kind_of(event: pb.StreamEvent) -> str:
+    return event.WhichOneof("event") or ""
+
+
+def test_the_default_admission_is_sized_for_the_machine() -> None:
+    sized = admission(GatewaySettings())
+    assert sized.max_running == machine.per_core(RUNNING_PER_CORE) > 0
+    assert sized.memory_budget == machine.memory_bytes() // MEMORY_BUDGET_SHARE > 0
+    unlimited = admission(GatewaySettings(max_running_responses=0, memory_budget_bytes=0))
+    assert (unlimited.max_running, unlimited.memory_budget) == (0, 0)
+
+
+async def test_an_idle_converse_stream_is_closed_after_the_idle_timeout() -> None:
+    provider = ScriptedProvider([[Text("answered")]], repeat=True)
+    async with running_gateway(provider=provider, converse_idle_timeout=0.2) as gw:
+        session = Session(gw)
+        await session.start(user("hi"))
+        assert kind_of(await session.until("terminal")) == "completed"
+        # Nothing more is sent: the stream is closed, saying why.
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await session.until("terminal")
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "ANTWORT_CONVERSE_IDLE_TIMEOUT" in (caught.value.details() or "")
+
+
+async def test_a_converse_stream_running_a_response_is_not_idle() -> None:
+    hold = asyncio.Event()
+    provider = ScriptedProvider([Turn([Text("slow")], hold=hold)])
+    async with running_gateway(provider=provider, converse_idle_timeout=0.05) as gw:
+        session = Session(gw)
+        await session.start(user("hi"))
+        await provider.holding.wait()
+        # Held well past the idle timeout (the model turn is what it waits for, not the client).
+        await asyncio.sleep(0.3)
+        hold.set()
+        assert output_text_of(await session.until("terminal")) == "slow"
+        session.call.cancel()
+
+
+def output_text_of(event: pb.StreamEvent) -> str:
+    return output_text(event.completed.response)
