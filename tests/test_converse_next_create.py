@@ -40,7 +40,9 @@ class QuickClient:
         while (message := await self.incoming.get()) is not None:
             yield message
 
-    async def write(self, message: pb.ConverseResponse) -> None:
+    async def write(self, sent: Any) -> None:
+        # What the server writes serializes to a ConverseResponse (built or not).
+        message = pb.ConverseResponse.FromString(sent.SerializeToString())
         self.written.append(message)
         if message.event.HasField("requires_action"):
             self.handed_out += 1

@@ -16,7 +16,7 @@ import grpc_testing
 import pytest
 
 from antwort_grpc import pb
-from antwort_grpc.edge import Watch
+from antwort_grpc.edge import Edge, Watch
 from antwort_grpc.engine import Engine, EngineConfig
 from antwort_grpc.executors.base import FunctionExecutor
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
@@ -170,8 +170,9 @@ class _Context:
     def __init__(self) -> None:
         self.written: asyncio.Queue[pb.ConverseResponse] = asyncio.Queue()
 
-    async def write(self, message: pb.ConverseResponse) -> None:
-        self.written.put_nowait(message)
+    async def write(self, message: Any) -> None:
+        # What the server writes serializes to a ConverseResponse (built or not).
+        self.written.put_nowait(pb.ConverseResponse.FromString(message.SerializeToString()))
 
     def time_remaining(self) -> None:
         return None
@@ -192,7 +193,8 @@ async def test_a_converse_stream_takes_the_next_create_from_the_terminal_event_o
             yield request
             handled.set()  # asked for the next one: done with this one
 
-    session = _Session(responses, sent(), context, Watch(None, None, ()))  # type: ignore[arg-type]
+    edge = Edge()
+    session = _Session(responses, edge, sent(), context, Watch(edge, "Converse", None, ()))  # type: ignore[arg-type]
     serving = asyncio.create_task(session.serve())
     requests.put_nowait(pb.ConverseRequest(create=pb.CreateResponseRequest(input_text="one")))
     async with asyncio.timeout(10):
