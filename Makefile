@@ -22,7 +22,7 @@ test: venv
 
 # The inner loop: everything but the heavy tests (tests/conftest.py lists them; `make test` runs them).
 test-fast: venv
-	$(PY) -m pytest -q -m "not heavy" --durations=10
+	$(PY) -m pytest -q -m "not heavy" -n auto --durations=10
 
 lint: venv
 	$(BIN)/ruff check antwort_grpc tests scripts examples
