@@ -1,0 +1,108 @@
+"""CPU instructions per request of the gateway process, counted by callgrind: an A/B that does not
+depend on the host's load or speed (the same commit gives the same count on any run).
+
+    python -m bench.instructions                       # this checkout
+    python -m bench.instructions --checkout ../base    # another checkout's gateway (a git worktree)
+
+The gateway (`bench.gateway --provider openai`, memory store) runs under valgrind with
+instrumentation off until 20 warm-up requests are done; then it counts `--requests` non-streamed
+and then as many streamed requests (20 words each, the bench backend in a process of its own), and
+prints instructions per request for each. Needs valgrind (`apt-get install valgrind`). Only the
+gateway process is counted: the backend and this client are not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import grpc
+
+from antwort_grpc import pb
+
+MODEL = "bench?words=20&delay=0&tools=0&stamp=0"
+WARM_UP = 20
+
+
+def _ready(process: subprocess.Popen[str]) -> int:
+    assert process.stdout is not None
+    while line := process.stdout.readline():
+        if line.startswith("READY"):
+            return int(line.split()[1])
+    raise SystemExit(f"{process.args!r} ended before it was ready")
+
+
+def _start(args: list[str], cwd: Path, valgrind: list[str] | None = None) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(cwd), PYTHONHASHSEED="0")
+    return subprocess.Popen(
+        [*(valgrind or []), sys.executable, "-m", *args],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.PIPE,  # the bench's processes stop when their stdin closes
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+
+async def _drive(target: str, pid: int, requests: int) -> None:
+    def control(*what: str) -> None:
+        subprocess.run(["callgrind_control", *what, str(pid)], check=True, capture_output=True)
+
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = pb.ResponsesServiceStub(channel)
+        for name, stream in (("unary", False), ("stream", True)):
+            request = pb.CreateResponseRequest(model=MODEL, input_text="hello", stream=stream)
+            for counted in (False, True):
+                if counted:
+                    control("-z")
+                    control("-i", "on")
+                for _ in range(requests if counted else WARM_UP):
+                    async for _ in stub.CreateResponse(request):
+                        pass
+            control("-i", "off")
+            control("-d", name)
+
+
+def measure(checkout: Path, requests: int) -> dict[str, float]:
+    out = Path(tempfile.mkdtemp(prefix="callgrind-"))
+    backend = _start(["bench.backend"], checkout)
+    gateway = None
+    try:
+        url = f"http://127.0.0.1:{_ready(backend)}/v1"
+        valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}/cg.%p"]
+        gateway = _start(["bench.gateway", "--provider", "openai", "--backend-url", url], checkout, valgrind)
+        asyncio.run(_drive(f"127.0.0.1:{_ready(gateway)}", gateway.pid, requests))
+    finally:
+        for process in (gateway, backend):
+            if process is not None:
+                process.terminate()
+                process.wait()
+    counts: dict[str, float] = {}
+    for dump in glob.glob(f"{out}/cg.*"):
+        text = Path(dump).read_text()
+        trigger = re.search(r"^desc: Trigger: dump (\w+)$", text, re.M)
+        totals = re.search(r"^totals: (\d+)", text, re.M)
+        if trigger and totals:
+            counts[trigger.group(1)] = int(totals.group(1)) / requests
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parent.parent)
+    parser.add_argument("--requests", type=int, default=100)
+    args = parser.parse_args()
+    for name, count in sorted(measure(args.checkout.resolve(), args.requests).items()):
+        print(f"{args.checkout.name} {name}: {count / 1e6:.3f} M instructions per request")
+
+
+if __name__ == "__main__":
+    main()
