@@ -259,3 +259,22 @@ async def test_a_converse_create_refused_admission_is_rejected_in_band_before_it
         assert output_text_of(await session.until("terminal")) == "after"
         session.call.cancel()
         assert provider.requests and len(provider.requests) == 3
+
+
+async def test_a_connection_past_its_stream_limit_queues_its_next_call_at_the_client() -> None:
+    hold = asyncio.Event()
+    provider = ScriptedProvider([Turn([Text("first")], hold=hold), [Text("elsewhere")], [Text("queued")]])
+    async with running_gateway(provider=provider, max_streams_per_connection=1) as gw:
+        running = await started(provider, gw, user("one"))
+        queued = asyncio.create_task(gw.create(user("queued")))
+        # Another connection is not limited by this one's streams: its call runs to its end
+        # while the queued call has not reached the gateway (no request bytes received for it).
+        # (A subchannel pool of its own: else grpc shares the first channel's connection.)
+        local = [("grpc.use_local_subchannel_pool", 1)]
+        async with grpc.aio.insecure_channel(gw.gateway.target, options=local) as channel:
+            other = GatewayClient(gw.gateway, channel, pb.ResponsesServiceStub(channel))
+            assert output_text(await other.create(user("elsewhere"))) == "elsewhere"
+        assert len(provider.requests) == 2 and gw.gateway.core.edge.admission.running == 1
+        hold.set()
+        assert output_text(await running) == "first"
+        assert output_text(await queued) == "queued"
