@@ -278,3 +278,17 @@ async def test_a_connection_past_its_stream_limit_queues_its_next_call_at_the_cl
         hold.set()
         assert output_text(await running) == "first"
         assert output_text(await queued) == "queued"
+
+
+async def test_a_converse_stream_at_the_running_cap_starts_its_next_response_after_a_terminal_event() -> None:
+    provider = ScriptedProvider([[Text("answered")]], repeat=True)
+    async with running_gateway(provider=provider, max_running_responses=1) as gw:
+        session = Session(gw)
+        for turn in range(5):
+            # Sent the moment the terminal event is read, while the response before still winds
+            # down: the room it ran in was given back before that event was written.
+            await session.start(user(f"turn {turn}"))
+            assert kind_of(await session.until("terminal")) == "completed"
+            assert gw.gateway.core.edge.admission.running == 0
+        assert session.rejected == []
+        session.call.cancel()
