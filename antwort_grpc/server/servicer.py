@@ -151,7 +151,8 @@ class _Session:
         self,
         responses: Responses,
         edge: Edge,
-        requests: AsyncIterator[pb.ConverseRequest],
+        # A create refused admission before it was parsed comes as its RequestError (decode.py).
+        requests: AsyncIterator[pb.ConverseRequest | RequestError],
         context: Context,
         watch: Watch,
     ) -> None:
