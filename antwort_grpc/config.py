@@ -99,6 +99,10 @@ class GatewaySettings(BaseSettings):
     keepalive_min_ping_interval: float = Field(default=5.0, gt=0)
     max_connection_age: float = Field(default=1800.0, ge=0)
     max_connection_age_grace: float | None = Field(default=None, gt=0)
+    # Calls one connection may have open at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a client
+    # queues its calls past it). Bounds the request bytes one connection makes the gateway receive
+    # before admission weighs them (docs/limits.md). 0: grpc's default, no limit.
+    max_streams_per_connection: int = Field(default=0, ge=0)
     # Seconds in-flight streams get to finish on SIGTERM.
     shutdown_grace: float = 10.0
     # Seconds between health going NOT_SERVING and refusing new calls, for load balancers.

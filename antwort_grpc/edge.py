@@ -74,7 +74,11 @@ class Admission:
     A response that does not fit is refused before any work starts, never queued: the client is
     told to come back (RESOURCE_EXHAUSTED with a retry pushback), and another replica may have
     room. A response larger than the whole budget is let through when nothing else runs, so
-    every request the message limits accept can run."""
+    every request the message limits accept can run.
+
+    Room is taken as a Reservation, by the request's size on the wire: the gRPC door reserves it
+    before it parses the request (a refused request then costs only its bytes), and the response
+    takes the reservation over when it starts."""
 
     def __init__(self, max_running: int = 0, memory_budget: int = 0) -> None:
         self.max_running = max_running
@@ -94,21 +98,49 @@ class Admission:
             )
         return None
 
-    @contextmanager
-    def hold(self, request_bytes: int) -> Iterator[None]:
-        """One response of a request this large, for as long as it runs; RequestError
-        (RESOURCE_EXHAUSTED, retry pushback) when it may not start."""
+    def reserve(self, request_bytes: int) -> Reservation:
+        """Room for one response of a request this large (serialized), held until the
+        reservation is released; RequestError (RESOURCE_EXHAUSTED, retry pushback) when there
+        is none."""
         cost = estimated_memory(request_bytes)
         refused = self.refusal(cost)
         if refused is not None:
             raise refused
         self.running += 1
         self.memory += cost
+        return Reservation(self, cost)
+
+    @contextmanager
+    def hold(self, request_bytes: int, reserved: Reservation | None = None) -> Iterator[Reservation]:
+        """One response of a request this large, for as long as it runs: the room `reserved` for
+        it (taken over: released when the response ends), else room reserved now."""
+        reservation = reserved if reserved is not None else self.reserve(request_bytes)
         try:
-            yield
+            yield reservation
         finally:
-            self.running -= 1
-            self.memory -= cost
+            reservation.release()
+
+
+class Reservation:
+    """Room of the admission for one response. Released once: by the response when it ends, or
+    by the door that reserved it when the response never starts (the request does not parse,
+    or is refused by a later check); a second release does nothing."""
+
+    __slots__ = ("_admission", "cost")
+
+    def __init__(self, admission: Admission, cost: int) -> None:
+        self._admission: Admission | None = admission
+        self.cost = cost
+
+    @property
+    def held(self) -> bool:
+        return self._admission is not None
+
+    def release(self) -> None:
+        admission, self._admission = self._admission, None
+        if admission is not None:
+            admission.running -= 1
+            admission.memory -= self.cost
 
 
 def _busy(message: str, reason: str) -> RequestError:
@@ -224,8 +256,11 @@ class Edge:
         """A response stream of `identity`'s, to enter with `async with` (see Watch)."""
         return Watch(self, method, identity, metadata)
 
-    def response(self, request_bytes: int) -> contextlib.AbstractContextManager[None]:
+    def response(
+        self, request_bytes: int, reserved: Reservation | None = None
+    ) -> contextlib.AbstractContextManager[Reservation]:
         """One response of a request this large (serialized), admitted for as long as it runs (on
-        a Converse stream, each response apart); RequestError RESOURCE_EXHAUSTED when the gateway
-        has no room."""
-        return self.admission.hold(request_bytes)
+        a Converse stream, each response apart): in the room `reserved` for it before its request
+        was parsed (taken over), else in room reserved now; RequestError RESOURCE_EXHAUSTED when
+        the gateway has no room."""
+        return self.admission.hold(request_bytes, reserved)

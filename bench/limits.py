@@ -8,7 +8,9 @@ backend (a short streamed answer) it reports:
 
 - the gateway's CPU seconds for one such request (the process's CPU-time clock, all threads);
 - four at once: how many finished, and the latency of gRPC health checks sent every 20 ms (from a
-  process of their own) while they ran (what a load balancer would see).
+  process of their own) while they ran (what a load balancer would see);
+- the gateway's resident memory before they were sent and at its peak (`--memory-budget` sets
+  ANTWORT_MEMORY_BUDGET_BYTES: with `--concurrent 40`, what the requests refused admission cost).
 
 The gateway is a real `antwort-grpc serve` with its defaults, the memory store and the bench
 backend.
@@ -115,6 +117,7 @@ async def measure(gateway: Child, request: pb.CreateResponseRequest, concurrent:
         async with probing(gateway) as idle:
             await asyncio.sleep(3)
         requests = [renamed(request, f"c{n}") for n in range(concurrent)]
+        rss_before = gateway.rss_bytes()
         async with probing(gateway) as latencies:
             await asyncio.sleep(0.2)
             cpu0 = gateway.cpu_seconds()
@@ -127,7 +130,9 @@ async def measure(gateway: Child, request: pb.CreateResponseRequest, concurrent:
         "alone": alone,
         "concurrent": {
             "n": concurrent,
-            "outcomes": outcomes,
+            "outcomes": outcomes if concurrent <= 8 else outcome_counts(outcomes),
+            "rss_before_mib": rss_before / 2**20,
+            "peak_rss_mib": gateway.peak_rss_bytes() / 2**20,
             "wall_s": wall,
             "cpu_s": cpu,
             "health_checks": len(latencies),
@@ -136,6 +141,15 @@ async def measure(gateway: Child, request: pb.CreateResponseRequest, concurrent:
         },
         "idle": {"health_checks": len(idle), "health_max_ms": max(idle) * 1000},
     }
+
+
+def outcome_counts(outcomes: list[str]) -> dict[str, int]:
+    """How many ended each way (a refusal by its status and the start of its message)."""
+    counts: dict[str, int] = {}
+    for outcome in outcomes:
+        key = outcome[:60]
+        counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 @contextlib.asynccontextmanager
@@ -189,6 +203,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "--data-dir",
             data,
         ]
+        if args.memory_budget is not None:
+            os.environ["ANTWORT_MEMORY_BUDGET_BYTES"] = str(args.memory_budget)
         if args.gateway_pythonpath:
             # The gateway of another checkout (the code before a change), the backend this one's;
             # -P: not this directory first on the path.
@@ -249,6 +265,9 @@ def main() -> None:
     parser.add_argument("--item-chars", type=int, default=3500, help="text of each input item (8 MB in all)")
     parser.add_argument(
         "--schema-bytes", type=int, default=0, help="each schema's size (default: the most the limits admit)"
+    )
+    parser.add_argument(
+        "--memory-budget", type=int, default=None, help="the gateway's ANTWORT_MEMORY_BUDGET_BYTES (default: its own)"
     )
     parser.add_argument("--gateway-pythonpath", default="", help="run the gateway from this source tree")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)

@@ -41,6 +41,9 @@ class Child:
     def rss_bytes(self) -> int:
         return rss_bytes(self.pid)
 
+    def peak_rss_bytes(self) -> int:
+        return rss_bytes(self.pid, "VmHWM")
+
     async def stop(self) -> None:
         if self.process.returncode is None:
             self.process.send_signal(signal.SIGTERM)
@@ -69,12 +72,14 @@ def _cpu_ticks(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def rss_bytes(pid: int) -> int:
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """The process's resident memory now (VmRSS), or the most it has had (VmHWM: no sampling
+    misses a peak)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
+    raise RuntimeError(f"no {field} for {pid}")
 
 
 async def spawn(name: str, module: str, *args: str, timeout: float = 30.0) -> Child:

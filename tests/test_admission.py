@@ -5,11 +5,14 @@ starts, both sized for the machine by default; and the idle timeout of Converse 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from prometheus_client.parser import text_string_to_metric_families
 
 from antwort_grpc import machine, pb
 from antwort_grpc.config import GatewaySettings
@@ -17,7 +20,8 @@ from antwort_grpc.core import MEMORY_BUDGET_SHARE, RUNNING_PER_CORE, admission
 from antwort_grpc.edge import estimated_memory
 from antwort_grpc.grpc_status import RETRY_PUSHBACK_KEY
 from antwort_grpc.providers.scripted import ScriptedProvider, Text, Turn
-from tests.harness import GatewayClient, output_text, running_gateway, user
+from antwort_grpc.server import decode
+from tests.harness import GatewayClient, collect, output_text, running_gateway, user
 from tests.test_interactive_runs import Session
 
 
@@ -154,3 +158,137 @@ async def test_a_converse_stream_running_a_response_is_not_idle() -> None:
 
 def output_text_of(event: pb.StreamEvent) -> str:
     return output_text(event.completed.response)
+
+
+class Parses:
+    """The gateway's parses of large requests (those parsed in the worker thread), counted; the
+    first held until `let_first` is set, so a test can act while an admitted request is still
+    being parsed."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, hold_first: bool = False) -> None:
+        self.count = 0
+        self.started = asyncio.Event()
+        self.let_first = asyncio.Event()
+        if not hold_first:
+            self.let_first.set()
+        real = decode.off_loop
+
+        async def counted(function: Any, /, *args: Any) -> Any:
+            self.count += 1
+            if self.count == 1:
+                self.started.set()
+                await self.let_first.wait()
+            return await real(function, *args)
+
+        monkeypatch.setattr(decode, "off_loop", counted)
+
+
+LARGE = 2 * decode.PARSE_IN_THREAD_BYTES  # parsed in the worker thread
+
+
+async def refused_counts(gw: GatewayClient) -> dict[tuple[str, str, str], float]:
+    """antwort_requests_refused_total as the gateway's /metrics shows it: (method, code, reason)."""
+    port = gw.gateway.metrics_port
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as r:
+        exposition = await r.text()
+    counts = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name == "antwort_requests_refused_total":
+                labels = sample.labels
+                counts[(labels["method"], labels["code"], labels["reason"])] = sample.value
+    return counts
+
+
+async def test_a_request_refused_admission_is_refused_before_it_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    parses = Parses(monkeypatch, hold_first=True)
+    provider = ScriptedProvider([[Text("first")], [Text("second")]])
+    budget = estimated_memory(LARGE) + estimated_memory(LARGE) // 2  # room for one
+    async with running_gateway(provider=provider, memory_budget_bytes=budget, metrics_listen="127.0.0.1:0") as gw:
+        admitted = asyncio.create_task(gw.create(padded("one", LARGE)))
+        await parses.started.wait()
+        # The first is admitted and its parse is held: the second is refused without being
+        # parsed, by its size on the wire alone.
+        error = await refusal(gw, padded("two", LARGE))
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "memory budget" in (error.details() or "") and pushback_ms(error) > 0
+        assert parses.count == 1, "the refused request was parsed"
+        parses.let_first.set()
+        assert output_text(await admitted) == "first"
+        # Its room given back when it ended, the same request is admitted and parsed.
+        assert output_text(await gw.create(padded("two", LARGE))) == "second"
+        assert parses.count == 2
+        refusals = await refused_counts(gw)
+    assert refusals == {("CreateResponse", "RESOURCE_EXHAUSTED", "memory_budget"): 1}
+
+
+async def test_a_request_that_does_not_parse_gives_its_admission_back() -> None:
+    provider = ScriptedProvider([[Text("ok")]])
+    async with running_gateway(provider=provider, max_running_responses=1) as gw:
+        raw = gw.channel.unary_stream("/antwort.v1.ResponsesService/CreateResponse")
+        for _ in range(2):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await collect(raw(b"\x0a\x01\xff"))
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # Neither holds the one place.
+        assert output_text(await gw.create(user("hi"))) == "ok"
+        assert gw.gateway.core.edge.admission.running == 0
+
+
+async def test_a_converse_create_refused_admission_is_rejected_in_band_before_it_is_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parses = Parses(monkeypatch)
+    hold = asyncio.Event()
+    provider = ScriptedProvider([Turn([Text("held")], hold=hold), [Text("small")], [Text("after")]])
+    budget = estimated_memory(LARGE) + estimated_memory(LARGE) // 2  # room for one large and small ones
+    async with running_gateway(provider=provider, memory_budget_bytes=budget) as gw:
+        running = await started(provider, gw, padded("elsewhere", LARGE))
+        assert parses.count == 1
+        session = Session(gw)
+        await session.start(user("small"))
+        assert output_text_of(await session.until("terminal")) == "small"
+        await session.start(padded("large", LARGE))
+        await session.until("rejected")
+        assert (session.rejected[-1].code, session.rejected[-1].reason) == (8, "memory_budget")
+        assert parses.count == 1, "the refused create was parsed"
+        # The stream goes on.
+        hold.set()
+        await running
+        await session.start(user("after"))
+        assert output_text_of(await session.until("terminal")) == "after"
+        session.call.cancel()
+        assert provider.requests and len(provider.requests) == 3
+
+
+async def test_a_connection_past_its_stream_limit_queues_its_next_call_at_the_client() -> None:
+    hold = asyncio.Event()
+    provider = ScriptedProvider([Turn([Text("first")], hold=hold), [Text("elsewhere")], [Text("queued")]])
+    async with running_gateway(provider=provider, max_streams_per_connection=1) as gw:
+        running = await started(provider, gw, user("one"))
+        queued = asyncio.create_task(gw.create(user("queued")))
+        # Another connection is not limited by this one's streams: its call runs to its end
+        # while the queued call has not reached the gateway (no request bytes received for it).
+        # (A subchannel pool of its own: else grpc shares the first channel's connection.)
+        local = [("grpc.use_local_subchannel_pool", 1)]
+        async with grpc.aio.insecure_channel(gw.gateway.target, options=local) as channel:
+            other = GatewayClient(gw.gateway, channel, pb.ResponsesServiceStub(channel))
+            assert output_text(await other.create(user("elsewhere"))) == "elsewhere"
+        assert len(provider.requests) == 2 and gw.gateway.core.edge.admission.running == 1
+        hold.set()
+        assert output_text(await running) == "first"
+        assert output_text(await queued) == "queued"
+
+
+async def test_a_converse_stream_at_the_running_cap_starts_its_next_response_after_a_terminal_event() -> None:
+    provider = ScriptedProvider([[Text("answered")]], repeat=True)
+    async with running_gateway(provider=provider, max_running_responses=1) as gw:
+        session = Session(gw)
+        for turn in range(5):
+            # Sent the moment the terminal event is read, while the response before still winds
+            # down: the room it ran in was given back before that event was written.
+            await session.start(user(f"turn {turn}"))
+            assert kind_of(await session.until("terminal")) == "completed"
+            assert gw.gateway.core.edge.admission.running == 0
+        assert session.rejected == []
+        session.call.cancel()

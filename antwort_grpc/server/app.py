@@ -24,7 +24,7 @@ from antwort_grpc.observability import Observability
 from antwort_grpc.observability.rpc_metrics import RpcMetricsInterceptor
 from antwort_grpc.providers.base import Provider, ProviderHealth
 from antwort_grpc.server.connections import connection_options
-from antwort_grpc.server.decode import add_parsing_servicer
+from antwort_grpc.server.decode import EVERY_MESSAGE, Admitting, add_parsing_servicer
 from antwort_grpc.server.servicer import ResponsesServicer
 from antwort_grpc.storage.base import ResponseStore
 
@@ -134,6 +134,11 @@ async def start_gateway(
     core = await build_core(settings, Parts(provider, store, list(executors)))
     servicer = ResponsesServicer(core.responses, core.edge, settings.converse_idle_timeout)
     edge = core.edge
+    # The requests that start a response are admitted by their size before they are parsed.
+    admitting = Admitting(
+        edge.admission.reserve,
+        {"CreateResponse": EVERY_MESSAGE, "Converse": pb.ConverseRequest.CREATE_FIELD_NUMBER},
+    )
     interceptors: list[grpc.aio.ServerInterceptor] = []
     metrics = core.observability.metrics if core.observability is not None else None
     if metrics is not None:
@@ -144,7 +149,7 @@ async def start_gateway(
     spec = ServerSpec(
         services=[RESPONSES_SERVICE],
         add_services=lambda server: add_parsing_servicer(
-            pb.add_ResponsesServiceServicer_to_server, servicer, server, refused=edge.refused
+            pb.add_ResponsesServiceServicer_to_server, servicer, server, refused=edge.refused, admitting=admitting
         ),
         credentials=credentials,
         interceptors=interceptors,

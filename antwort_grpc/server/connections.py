@@ -37,4 +37,6 @@ def connection_options(settings: GatewaySettings) -> list[tuple[str, int]]:
         # Unset: grpcio's default, no limit; a GOAWAY only steers new calls elsewhere.
         if settings.max_connection_age_grace is not None:
             options.append(("grpc.max_connection_age_grace_ms", _ms(settings.max_connection_age_grace)))
+    if settings.max_streams_per_connection > 0:
+        options.append(("grpc.max_concurrent_streams", settings.max_streams_per_connection))
     return options

@@ -4,13 +4,18 @@ the field they are in. Left to grpc they are UNKNOWN with a Python exception tex
 traceback.
 
 Streamed requests (Converse) are parsed one message at a time as the servicer reads them.
+
+A request that starts a response (CreateResponse; a Converse message that is a create) is admitted
+by its size on the wire before it is parsed (`Admitting`): parsing makes several times its bytes
+in objects, and a request refused after it was parsed has cost them all.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -18,6 +23,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
+from antwort_grpc.edge import Reservation
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.grpc_status import abort
 from antwort_grpc.offload import off_loop
@@ -36,6 +42,45 @@ Parse = Callable[[bytes], Message]
 # the message its reader took last): what admission weighs, known without walking the message
 # (ByteSize walks it: 20 ms for a request of 8 MB). 0: not parsed here.
 request_bytes: ContextVar[int] = ContextVar("request_bytes", default=0)
+# The admission reserved for the request last parsed in this task, before it was parsed (None:
+# none was, the request starts no response): the response takes it over (Edge.response).
+reservation: ContextVar[Reservation | None] = ContextVar("reservation", default=None)
+
+# Every message of the method starts a response (rather than those with this field set).
+EVERY_MESSAGE = 0
+
+
+@dataclass(frozen=True)
+class Admitting:
+    """Which requests are admitted before they are parsed: `reserve` (Admission.reserve) is
+    given the size of each message of a method in `methods` that starts a response: every
+    message (EVERY_MESSAGE), or those with the top-level field of that number set (a Converse
+    message that is a create)."""
+
+    reserve: Callable[[int], Reservation]
+    methods: Mapping[str, int]
+
+    def starts_response(self, method: str, raw: bytes) -> bool:
+        field = self.methods.get(method)
+        if field is None:
+            return False
+        return field == EVERY_MESSAGE or has_field(raw, field)
+
+
+class _Admit:
+    """The admission of one method's messages before they are parsed: the reservation for one
+    that starts a response (None for one that does not)."""
+
+    __slots__ = ("admitting", "method")
+
+    def __init__(self, admitting: Admitting, method: str) -> None:
+        self.admitting = admitting
+        self.method = method
+
+    def __call__(self, raw: bytes) -> Reservation | None:
+        if not self.admitting.starts_response(self.method, raw):
+            return None
+        return self.admitting.reserve(len(raw))
 
 
 class EventMessage:
@@ -88,13 +133,20 @@ Refused = Callable[[str, RequestError], None]
 
 
 def add_parsing_servicer(
-    add: Callable[[Any, Any], None], servicer: object, server: grpc.aio.Server, refused: Refused | None = None
+    add: Callable[[Any, Any], None],
+    servicer: object,
+    server: grpc.aio.Server,
+    refused: Refused | None = None,
+    admitting: Admitting | None = None,
 ) -> None:
-    """`add(servicer, server)` (a generated `add_…Servicer_to_server`), with every unary request
-    parsed by `parse_request`."""
+    """`add(servicer, server)` (a generated `add_…Servicer_to_server`), with every request parsed
+    by `parse_request`, those that start a response admitted first (`admitting`)."""
     capture = _Capture()
     add(servicer, capture)
-    handlers = {name: _parsing(handler, _teller(refused, name)) for name, handler in capture.handlers.items()}
+    handlers = {
+        name: _parsing(handler, _teller(refused, name), _Admit(admitting, name) if admitting is not None else None)
+        for name, handler in capture.handlers.items()
+    }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(capture.service, handlers),))
     server.add_registered_method_handlers(capture.service, handlers)
 
@@ -109,17 +161,20 @@ def _teller(refused: Refused | None, method: str) -> Callable[[RequestError], No
     return tell
 
 
-def _parsing(handler: Any, refused: Callable[[RequestError], None] | None = None) -> Any:
+def _parsing(handler: Any, refused: Callable[[RequestError], None] | None = None, admit: _Admit | None = None) -> Any:
     parse = handler.request_deserializer
     if parse is None:
         return handler
     if handler.request_streaming:
-        return _parsing_stream(handler, parse, refused)
+        return _parsing_stream(handler, parse, refused, admit)
     if handler.unary_unary is not None:
         unary = handler.unary_unary
 
         async def unary_unary(raw: bytes, context: Any) -> Any:
-            return await unary(await parse_request(raw, parse, context, refused), context)
+            try:
+                return await unary(await parse_request(raw, parse, context, refused, admit), context)
+            finally:
+                _release()
 
         return grpc.unary_unary_rpc_method_handler(unary_unary, response_serializer=handler.response_serializer)
     if handler.unary_stream is not None:
@@ -130,21 +185,36 @@ def _parsing(handler: Any, refused: Callable[[RequestError], None] | None = None
         # streamed message. try/finally is contextlib.aclosing without its two Python-level calls
         # per request.
         async def unary_stream(raw: bytes, context: Any) -> None:
-            request = await parse_request(raw, parse, context, refused)
-            messages = stream(request, context)
             try:
-                async for message in messages:
-                    await context.write(message)
+                request = await parse_request(raw, parse, context, refused, admit)
+                messages = stream(request, context)
+                try:
+                    async for message in messages:
+                        await context.write(message)
+                finally:
+                    await messages.aclose()
             finally:
-                await messages.aclose()
+                # The response that took the reservation over has released it; else (refused by
+                # a later check, or never started) it is released here.
+                _release()
 
         return grpc.unary_stream_rpc_method_handler(unary_stream, response_serializer=_serialize)
     return handler
 
 
-def _parsing_stream(handler: Any, parse: Parse, refused: Callable[[RequestError], None] | None) -> Any:
+def _release() -> None:
+    held = reservation.get()
+    if held is not None:
+        held.release()
+
+
+def _parsing_stream(
+    handler: Any, parse: Parse, refused: Callable[[RequestError], None] | None, admit: _Admit | None
+) -> Any:
     """A handler reading a stream of requests, given them parsed. A message that does not parse
-    ends the call with INVALID_ARGUMENT (the servicer's read raises grpc's abort error)."""
+    ends the call with INVALID_ARGUMENT (the servicer's read raises grpc's abort error). A message
+    refused admission is not parsed: the servicer reads the RequestError in its place (and counts
+    it: it decides whether the refusal ends the stream), `reservation` is set for one admitted."""
     behavior = handler.stream_stream or handler.stream_unary
     if behavior is None or inspect.isasyncgenfunction(behavior):
         # No servicer of ours answers a stream with a generator: left as grpc runs it.
@@ -156,7 +226,7 @@ def _parsing_stream(handler: Any, parse: Parse, refused: Callable[[RequestError]
         async def parsed() -> AsyncIterator[Any]:
             async for raw in requests:
                 try:
-                    yield await parse_request(raw, parse, context, refused)
+                    yield await parse_request(raw, parse, context, refused, admit, in_band=True)
                 except grpc.aio.AbortError as err:
                     aborted.append(err)
                     raise
@@ -173,28 +243,58 @@ def _parsing_stream(handler: Any, parse: Parse, refused: Callable[[RequestError]
 
 
 async def parse_request(
-    raw: bytes, parse: Parse, context: Any, refused: Callable[[RequestError], None] | None = None
+    raw: bytes,
+    parse: Parse,
+    context: Any,
+    refused: Callable[[RequestError], None] | None = None,
+    admit: _Admit | None = None,
+    in_band: bool = False,
 ) -> Any:
     """The request `raw` holds; aborts the call with INVALID_ARGUMENT (`refused` is told) when it
-    does not parse. Its size is `request_bytes` in the task that asked, until the next one."""
+    does not parse. Its size is `request_bytes` in the task that asked, until the next one.
+
+    One that starts a response is admitted first (`admit`), its reservation `reservation` in the
+    task that asked; refused, it is not parsed: the call is aborted with the refusal (`refused`
+    told), or, `in_band`, the refusal is returned in place of the request."""
     request_bytes.set(len(raw))
+    reservation.set(None)
+    if admit is not None:
+        try:
+            reservation.set(admit(raw))
+        except RequestError as err:
+            if in_band:
+                return err
+            if refused is not None:
+                refused(err)
+            await abort(context, err)
+            raise AssertionError("unreachable") from None
     try:
         if len(raw) > PARSE_IN_THREAD_BYTES:
             return await off_loop(parse, raw)
         return parse(raw)
-    except DecodeError as err:
-        message_class = getattr(parse, "__self__", None)
-        descriptor = getattr(message_class, "DESCRIPTOR", None)
-        field = locate(raw, descriptor) if isinstance(descriptor, Descriptor) else ""
-        # The parser's reason is a fixed text ("String field had bad UTF-8", "Wire format was
-        # corrupt", "Exceeded …MaxDepth"); what follows the type name in its message.
-        reason = str(err).rsplit(": ", 1)[-1]
-        where = field or "request"
-        error = invalid_argument([FieldViolation(where, f"cannot be parsed: {reason}")])
-        if refused is not None:
-            refused(error)
-        await abort(context, error)
-        raise AssertionError("unreachable") from None
+    except BaseException as err:
+        # Not parsed (or the call cancelled while it was): no response will take the room over.
+        _release()
+        if not isinstance(err, DecodeError):
+            raise
+        return await _unparsed(raw, parse, context, refused, err)
+
+
+async def _unparsed(
+    raw: bytes, parse: Parse, context: Any, refused: Callable[[RequestError], None] | None, err: DecodeError
+) -> Any:
+    message_class = getattr(parse, "__self__", None)
+    descriptor = getattr(message_class, "DESCRIPTOR", None)
+    field = locate(raw, descriptor) if isinstance(descriptor, Descriptor) else ""
+    # The parser's reason is a fixed text ("String field had bad UTF-8", "Wire format was
+    # corrupt", "Exceeded …MaxDepth"); what follows the type name in its message.
+    reason = str(err).rsplit(": ", 1)[-1]
+    where = field or "request"
+    error = invalid_argument([FieldViolation(where, f"cannot be parsed: {reason}")])
+    if refused is not None:
+        refused(error)
+    await abort(context, error)
+    raise AssertionError("unreachable") from None
 
 
 def locate(raw: bytes, descriptor: Descriptor, depth: int = 0) -> str:
@@ -274,6 +374,35 @@ def _varint(raw: bytes, at: int) -> tuple[int, int]:
             return value, at
         shift += 7
     return 0, -1
+
+
+def has_field(raw: bytes, number: int) -> bool:
+    """Whether the top level of the message `raw` holds field `number`: read from the tags and
+    lengths alone, nothing copied (False when the framing breaks first: the parser will say why)."""
+    at, end = 0, len(raw)
+    while at < end:
+        tag, at = _varint(raw, at)
+        if at < 0:
+            return False
+        if tag >> 3 == number:
+            return True
+        wire = tag & 7
+        if wire == 0:
+            _, at = _varint(raw, at)
+        elif wire == 1:
+            at += 8
+        elif wire == 5:
+            at += 4
+        elif wire == 2:
+            length, at = _varint(raw, at)
+            if at < 0:
+                return False
+            at += length
+        else:
+            return False
+        if at < 0:
+            return False
+    return False
 
 
 def _is_map(field: FieldDescriptor) -> bool:

@@ -14,17 +14,21 @@ import grpc
 
 from antwort_grpc import pb
 from antwort_grpc.auth import current_identity, current_owner
-from antwort_grpc.edge import Edge, Watch
+from antwort_grpc.edge import Edge, Reservation, Watch
 from antwort_grpc.engine.run import Run
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.grpc_status import abort
 from antwort_grpc.hooks.service import Caller
 from antwort_grpc.responses.controls import validate_control
 from antwort_grpc.responses.service import Responses, rejection
-from antwort_grpc.server.decode import EventMessage, request_bytes
+from antwort_grpc.server.decode import EventMessage, request_bytes, reservation
 
 # grpc ships no type information: the servicer context is untyped.
 Context: TypeAlias = Any
+
+# A create the reader hands over: the request, its size on the wire, the room reserved for it
+# before it was parsed (None: none was).
+Create: TypeAlias = tuple[pb.CreateResponseRequest, int, Reservation | None]
 
 
 def owner_of(context: Context) -> str:
@@ -51,7 +55,8 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
         metadata = context.invocation_metadata() or ()
         try:
             async with self.edge.stream("CreateResponse", current_identity.get(), metadata) as watch:
-                with self.edge.response(request_bytes.get() or request.ByteSize()):
+                # Admitted before its request was parsed (the reservation taken over), else now.
+                with self.edge.response(request_bytes.get() or request.ByteSize(), reservation.get()):
                     caller = caller_of(context) if self.responses.hooked else None
                     run = await self.responses.create(
                         request, owner=owner_of(context), timeout=context.time_remaining(), caller=caller
@@ -146,7 +151,8 @@ class _Session:
         self,
         responses: Responses,
         edge: Edge,
-        requests: AsyncIterator[pb.ConverseRequest],
+        # A create refused admission before it was parsed comes as its RequestError (decode.py).
+        requests: AsyncIterator[pb.ConverseRequest | RequestError],
         context: Context,
         watch: Watch,
     ) -> None:
@@ -159,7 +165,7 @@ class _Session:
         self.caller = caller_of(context)
         # What the reader hands over: the next response to start, the error that ends the stream
         # (a bad first message), or None once the client has stopped sending.
-        self.creates: asyncio.Queue[tuple[pb.CreateResponseRequest, int] | RequestError | None] = asyncio.Queue()
+        self.creates: asyncio.Queue[Create | RequestError | None] = asyncio.Queue()
         self.run: Run | None = None
         # Controls that came while the response was being started: delivered once it runs.
         self.early: list[pb.Control] | None = None
@@ -177,11 +183,12 @@ class _Session:
                     self.watch.refused(next_create)
                     await abort(self.context, next_create)
                     return
-                request, size = next_create
+                request, size, reserved = next_create
                 request.stream = True  # a session always streams its events
                 try:
-                    # Each response of the session is admitted apart, for as long as it runs.
-                    with self.edge.response(size):
+                    # Each response of the session is admitted apart, for as long as it runs:
+                    # before its create was parsed (the reservation taken over), else now.
+                    with self.edge.response(size, reserved) as admitted:
                         run = await self.responses.create(
                             request,
                             owner=self.owner,
@@ -190,7 +197,7 @@ class _Session:
                             caller=self.caller,
                         )
                         first = False
-                        await self._stream(run, reader)
+                        await self._stream(run, reader, admitted)
                 except RequestError as err:
                     self.early = None
                     self.watch.refused(err)
@@ -201,8 +208,13 @@ class _Session:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+            # A create read but never started holds its reservation: given back.
+            while not self.creates.empty():
+                left = self.creates.get_nowait()
+                if isinstance(left, tuple) and left[2] is not None:
+                    left[2].release()
 
-    async def _next(self, idle_timeout: float) -> tuple[pb.CreateResponseRequest, int] | RequestError | None:
+    async def _next(self, idle_timeout: float) -> Create | RequestError | None:
         """What the reader hands over next; an idle_timeout error when nothing comes in time."""
         if not idle_timeout:
             return await self.creates.get()
@@ -217,7 +229,7 @@ class _Session:
                 reason="idle_timeout",
             )
 
-    async def _stream(self, run: Run, reader: asyncio.Task[None]) -> None:
+    async def _stream(self, run: Run, reader: asyncio.Task[None], admitted: Reservation) -> None:
         self.run = run
         early, self.early = self.early or [], None
         for control in early:
@@ -231,8 +243,10 @@ class _Session:
                     if event.WhichOneof("event") in _TERMINAL:
                         # The client may send its next create the moment it reads this event,
                         # while the run still winds down (the early model call discarded, the
-                        # run let go of): the stream takes it from now.
+                        # run let go of): the stream takes it from now, and the room the response
+                        # was admitted in is given back, so that create is admitted as it comes.
                         self.run = None
+                        admitted.release()
                     async with self.writing:
                         await self.context.write(EventMessage(event))
         finally:
@@ -242,7 +256,20 @@ class _Session:
         try:
             first = True
             async for message in self.requests:
+                if isinstance(message, RequestError):
+                    # A create refused admission before it was parsed (the parsing door's).
+                    if first:
+                        self.creates.put_nowait(message)
+                        return
+                    self.watch.refused(message)
+                    await self._reject(message)
+                    continue
+                # The room reserved for the message just read if it is a create, this task's to
+                # hand over or give back.
+                reserved = reservation.get()
                 which = message.WhichOneof("message")
+                if which != "create" and reserved is not None:
+                    reserved.release()  # a create field, followed by another of the oneof
                 if first and which != "create":
                     violation = FieldViolation("create", "the first message of a session starts a response")
                     self.creates.put_nowait(invalid_argument([violation]))
@@ -250,11 +277,14 @@ class _Session:
                 first = False
                 if which == "create":
                     if self.run is not None or self.early is not None:
+                        if reserved is not None:
+                            reserved.release()
                         await self._reject(_busy())
                         continue
                     self.early = []
                     # The size of the message just read (the create and a few bytes of framing).
-                    self.creates.put_nowait((message.create, request_bytes.get() or message.create.ByteSize()))
+                    size = request_bytes.get() or message.create.ByteSize()
+                    self.creates.put_nowait((message.create, size, reserved))
                 elif which == "control":
                     await self._control(message.control)
                 else:
