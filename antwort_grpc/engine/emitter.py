@@ -24,6 +24,19 @@ RESPONSE_REQUIRES_ACTION: int = _S.RESPONSE_STATUS_REQUIRES_ACTION
 RESPONSE_INCOMPLETE: int = _S.RESPONSE_STATUS_INCOMPLETE
 RESPONSE_CANCELLED: int = _S.RESPONSE_STATUS_CANCELLED
 
+# Field numbers of the lifecycle events in StreamEvent (each holds its Response at field 1).
+_EVENT_FIELDS = pb.StreamEvent.DESCRIPTOR.fields_by_name
+_CREATED: int = _EVENT_FIELDS["created"].number
+_IN_PROGRESS: int = _EVENT_FIELDS["in_progress"].number
+_REQUIRES_ACTION: int = _EVENT_FIELDS["requires_action"].number
+_FAILED: int = _EVENT_FIELDS["failed"].number
+_TERMINAL = {
+    RESPONSE_COMPLETED: _EVENT_FIELDS["completed"].number,
+    RESPONSE_REQUIRES_ACTION: _REQUIRES_ACTION,
+    RESPONSE_INCOMPLETE: _EVENT_FIELDS["incomplete"].number,
+    RESPONSE_CANCELLED: _EVENT_FIELDS["cancelled"].number,
+}
+
 
 @dataclass(slots=True)
 class _OpenMessage:
@@ -62,6 +75,9 @@ class ResponseEmitter:
         self._calls: dict[int, _OpenCall] = {}
         # Items finished in the current turn, in output order: what the loop looks at.
         self.turn_items: list[pb.Item] = []
+        # The lifecycle events made last (at most two) and their serialized form, until their
+        # writer takes them.
+        self._wire: list[tuple[pb.StreamEvent, bytes]] = []
 
     @property
     def sequence_number(self) -> int:
@@ -73,39 +89,54 @@ class ResponseEmitter:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    # Events are filled in place: a message passed to a constructor is copied by serializing and
-    # parsing it (upb), which for the response events costs several times a CopyFrom.
+    # A lifecycle event carries the whole Response (every tool schema of the request echoed):
+    # copied into each event, it is serialized and parsed once per event, and serialized once
+    # more when the event is written. Instead the Response is serialized once per lifecycle point
+    # (`created` and `in_progress` share it), the event is parsed from those bytes, and the bytes
+    # are kept for the writer (`take_wire`).
+
+    def opening(self) -> tuple[pb.StreamEvent, pb.StreamEvent]:
+        """`created` and `in_progress`, from one serialization of the Response."""
+        response = _field(1, self.response.SerializeToString())
+        created = self._lifecycle(_CREATED, response)
+        kept = self._wire
+        in_progress = self._lifecycle(_IN_PROGRESS, response)
+        self._wire = kept + self._wire
+        return created, in_progress
 
     def created(self) -> pb.StreamEvent:
-        event = pb.StreamEvent(sequence_number=self._next())
-        event.created.response.CopyFrom(self.response)
-        return event
+        return self._lifecycle(_CREATED, _field(1, self.response.SerializeToString()))
 
     def in_progress(self) -> pb.StreamEvent:
-        event = pb.StreamEvent(sequence_number=self._next())
-        event.in_progress.response.CopyFrom(self.response)
-        return event
+        return self._lifecycle(_IN_PROGRESS, _field(1, self.response.SerializeToString()))
 
     def terminal(
         self, tool_calls: list[pb.FunctionCall] | None = None, approvals: list[pb.ApprovalRequest] | None = None
     ) -> pb.StreamEvent:
         """The one terminal event, chosen by the response's (final) status."""
-        event = pb.StreamEvent(sequence_number=self._next())
-        status = self.response.status
-        if status == RESPONSE_COMPLETED:
-            event.completed.response.CopyFrom(self.response)
-        elif status == RESPONSE_REQUIRES_ACTION:
-            action = event.requires_action
-            action.response.CopyFrom(self.response)
-            action.tool_calls.extend(tool_calls or [])
-            action.approval_requests.extend(approvals or [])
-        elif status == RESPONSE_INCOMPLETE:
-            event.incomplete.response.CopyFrom(self.response)
-        elif status == RESPONSE_CANCELLED:
-            event.cancelled.response.CopyFrom(self.response)
-        else:
-            event.failed.response.CopyFrom(self.response)
+        payload = _field(1, self.response.SerializeToString())
+        kind = _TERMINAL.get(self.response.status, _FAILED)
+        if kind == _REQUIRES_ACTION and (tool_calls or approvals):
+            # Fields after the response: the rest of a ResponseRequiresActionEvent.
+            payload += pb.ResponseRequiresActionEvent(
+                tool_calls=tool_calls or [], approval_requests=approvals or []
+            ).SerializeToString()
+        return self._lifecycle(kind, payload)
+
+    def _lifecycle(self, kind: int, payload: bytes) -> pb.StreamEvent:
+        wire = b"\x08" + _varint(self._next()) + _field(kind, payload)
+        event = pb.StreamEvent.FromString(wire)
+        self._wire = [(event, wire)]
         return event
+
+    def take_wire(self, event: pb.StreamEvent) -> bytes | None:
+        """The serialized form of `event`, once, when it is a lifecycle event made last (or
+        `created` before `in_progress`); None for any other event."""
+        for n, (kept, wire) in enumerate(self._wire):
+            if kept is event:
+                del self._wire[n]
+                return wire
+        return None
 
     # -- turns and controls ----------------------------------------------------------------------
 
@@ -386,6 +417,20 @@ class ResponseEmitter:
                 item_id=item.id, output_index=index, call_id=call_id
             ),
         )
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field on the wire."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def new_item_id(kind: str) -> str:

@@ -239,8 +239,9 @@ class Engine:
         finished = False
         try:
             self._start_early(run)
-            yield emitter.created()
-            yield emitter.in_progress()
+            created, in_progress = emitter.opening()
+            yield created
+            yield in_progress
             if run.hooks is not None:
                 for event in run.hooks.events(emitter):
                     yield event

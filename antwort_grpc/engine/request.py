@@ -31,15 +31,16 @@ def input_items(request: pb.CreateResponseRequest) -> list[pb.Item]:
             message=pb.Message(role=_USER, content=[part]),  # type: ignore[arg-type]
         )
         return [item]
-    items = []
-    for given in request.input_items.items:
-        item = pb.Item()
-        item.CopyFrom(given)
+    # One copy of the whole list (a single call into C): an 8 MB request's 2,048 items copied
+    # one by one cost four times as much, on the event loop.
+    copied = type(request.input_items)()
+    copied.CopyFrom(request.input_items)
+    items = list(copied.items)
+    for item in items:
         if not item.id:
             item.id = new_id(_PREFIX.get(item.WhichOneof("kind") or "message", "item"))
         if not item.status:
             item.status = _COMPLETED  # type: ignore[assignment]
-        items.append(item)
     return items
 
 
