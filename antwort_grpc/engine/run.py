@@ -148,6 +148,11 @@ class Run:
         events, self._events = self._events, None
         return events(self)
 
+    def take_wire(self, event: pb.StreamEvent) -> bytes | None:
+        """`event` serialized, when the engine kept its bytes (a lifecycle event: the Response
+        serialized once, not once more by the writer); once per event."""
+        return self.emitter.take_wire(event)
+
     # -- controls (any task) -----------------------------------------------------------------------
 
     def send(self, control: pb.Control) -> None:

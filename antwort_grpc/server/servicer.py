@@ -234,7 +234,7 @@ class _Session:
                         # run let go of): the stream takes it from now.
                         self.run = None
                     async with self.writing:
-                        await self.context.write(EventMessage(event, run.emitter.take_wire(event)))
+                        await self.context.write(EventMessage(event, run.take_wire(event)))
         finally:
             self.run = None
 
@@ -303,4 +303,4 @@ def _busy() -> RequestError:
 
 def _message(event: pb.StreamEvent, run: Run) -> EventMessage:
     # A lifecycle event is written as the engine serialized it (its Response once, not again).
-    return EventMessage(event, run.emitter.take_wire(event))
+    return EventMessage(event, run.take_wire(event))
