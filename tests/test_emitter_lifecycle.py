@@ -1,0 +1,140 @@
+"""The lifecycle events (`created`, `in_progress`, the terminal one) each carry the whole Response,
+every tool schema of the request echoed: the emitter serializes it once per lifecycle point, makes
+the events from those bytes, and hands the bytes to the writer, rather than copying the Response
+into each event and serializing every copy again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from antwort_grpc import pb
+from antwort_grpc.engine.emitter import ResponseEmitter
+from antwort_grpc.engine.request import input_items
+from antwort_grpc.server.decode import EventMessage
+from tests.harness import assert_valid_stream
+
+Status = pb.ResponseStatus
+
+
+def _response() -> pb.Response:
+    response = pb.Response(id="resp_1", model="m", status=Status.RESPONSE_STATUS_IN_PROGRESS, instructions="be brief")
+    for n in range(3):
+        tool = response.tools.add()
+        tool.function.name = f"tool_{n}"
+        tool.function.parameters.update({"type": "object", "properties": {f"p{n}": {"type": "string"}}})
+    return response
+
+
+class _CountingResponse:
+    """A Response (unit stand-in) that counts how often it is serialized and refuses to be
+    copied: what the emitter does with it is all it can do with the real one."""
+
+    def __init__(self, response: pb.Response) -> None:
+        self.real = response
+        self.serialized = 0
+
+    def SerializeToString(self) -> bytes:
+        self.serialized += 1
+        return self.real.SerializeToString()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_created_and_in_progress_are_made_from_one_serialization_of_the_response() -> None:
+    real = _response()
+    counting = _CountingResponse(real)
+    emitter = ResponseEmitter(counting)  # type: ignore[arg-type]
+
+    created, in_progress = emitter.opening()
+
+    assert counting.serialized == 1
+    assert created.created.response == real
+    assert in_progress.in_progress.response == real
+    assert (created.sequence_number, in_progress.sequence_number) == (1, 2)
+
+
+def test_each_lifecycle_point_serializes_the_response_once_for_event_and_wire() -> None:
+    real = _response()
+    counting = _CountingResponse(real)
+    emitter = ResponseEmitter(counting)  # type: ignore[arg-type]
+    events = list(emitter.opening())
+    real.status = Status.RESPONSE_STATUS_COMPLETED
+    events.append(emitter.terminal())
+
+    written = [EventMessage(event, emitter.take_wire(event)).SerializeToString() for event in events]
+
+    # Three events carrying the Response, two points where it changed: two serializations, none
+    # more when the events are written.
+    assert counting.serialized == 2
+    assert [pb.CreateResponseResponse.FromString(data).event for data in written] == events
+    assert events[-1].completed.response == real
+
+
+def test_a_lifecycle_events_bytes_are_taken_once_and_only_for_that_event() -> None:
+    emitter = ResponseEmitter(_response())
+    created, in_progress = emitter.opening()
+    delta = emitter.on_text("hi")[-1]
+
+    assert emitter.take_wire(delta) is None
+    wire = emitter.take_wire(in_progress)
+    assert wire is not None and pb.StreamEvent.FromString(wire) == in_progress
+    assert emitter.take_wire(in_progress) is None
+    wire = emitter.take_wire(created)
+    assert wire is not None and pb.StreamEvent.FromString(wire) == created
+    assert emitter.take_wire(pb.StreamEvent.FromString(wire)) is None
+
+
+def test_a_response_that_requires_action_ends_with_its_calls_and_approvals_after_the_response() -> None:
+    response = _response()
+    emitter = ResponseEmitter(response)
+    events = list(emitter.opening())
+    events += emitter.on_tool_call(0, "call_1", "tool_0", '{"p0": "x"}')
+    events += emitter.close_turn()
+    response.status = Status.RESPONSE_STATUS_REQUIRES_ACTION
+    calls = [pb.FunctionCall(call_id="call_1", name="tool_0", arguments='{"p0": "x"}')]
+    approvals = [pb.ApprovalRequest(call_id="call_2", name="tool_1", arguments="{}")]
+    terminal = emitter.terminal(calls, approvals)
+    events.append(terminal)
+
+    assert_valid_stream(events)
+    action = terminal.requires_action
+    assert action.response == response
+    assert list(action.tool_calls) == calls
+    assert list(action.approval_requests) == approvals
+    wire = emitter.take_wire(terminal)
+    assert wire is not None and pb.StreamEvent.FromString(wire) == terminal
+
+
+def test_every_final_status_has_its_own_terminal_event() -> None:
+    kinds = {
+        Status.RESPONSE_STATUS_COMPLETED: "completed",
+        Status.RESPONSE_STATUS_REQUIRES_ACTION: "requires_action",
+        Status.RESPONSE_STATUS_INCOMPLETE: "incomplete",
+        Status.RESPONSE_STATUS_CANCELLED: "cancelled",
+        Status.RESPONSE_STATUS_FAILED: "failed",
+    }
+    for status, kind in kinds.items():
+        response = _response()
+        response.status = status
+        event = ResponseEmitter(response).terminal()
+        assert event.WhichOneof("event") == kind
+        assert getattr(event, kind).response == response
+
+
+def test_input_items_are_copies_with_ids_and_the_request_keeps_its_own() -> None:
+    request = pb.CreateResponseRequest()
+    given = request.input_items.items.add()
+    given.message.role = pb.Role.ROLE_USER
+    given.message.content.add().input_text.text = "hello"
+    named = request.input_items.items.add()
+    named.id, named.status = "msg_given", pb.ItemStatus.ITEM_STATUS_INCOMPLETE
+    named.message.content.add().input_text.text = "again"
+
+    items = input_items(request)
+    items[0].message.content[0].input_text.text = "changed"
+
+    assert items[0].id.startswith("msg_") and items[0].status == pb.ItemStatus.ITEM_STATUS_COMPLETED
+    assert (items[1].id, items[1].status) == ("msg_given", pb.ItemStatus.ITEM_STATUS_INCOMPLETE)
+    assert request.input_items.items[0].id == ""
+    assert request.input_items.items[0].message.content[0].input_text.text == "hello"
