@@ -18,6 +18,10 @@ Status = pb.ResponseStatus
 
 def _response() -> pb.Response:
     response = pb.Response(id="resp_1", model="m", status=Status.RESPONSE_STATUS_IN_PROGRESS, instructions="be brief")
+    response.created_at.seconds = 1
+    response.metadata["team"] = "blue"
+    response.tool_choice.mode = pb.ToolChoiceMode.TOOL_CHOICE_MODE_AUTO
+    response.temperature, response.parallel_tool_calls, response.store = 0.5, True, True
     for n in range(3):
         tool = response.tools.add()
         tool.function.name = f"tool_{n}"
@@ -25,17 +29,28 @@ def _response() -> pb.Response:
     return response
 
 
-class _CountingResponse:
-    """A Response (unit stand-in) that counts how often it is serialized and refuses to be
-    copied: what the emitter does with it is all it can do with the real one."""
+class _CountingTool:
+    """A Tool (unit stand-in) that counts how often it is serialized."""
 
-    def __init__(self, response: pb.Response) -> None:
-        self.real = response
+    def __init__(self, tool: pb.Tool) -> None:
+        self.real = tool
         self.serialized = 0
 
     def SerializeToString(self) -> bytes:
         self.serialized += 1
         return self.real.SerializeToString()
+
+
+class _CountingResponse:
+    """A Response (unit stand-in) whose tools count their serializations; one that is copied or
+    serialized whole fails (it is no protobuf message)."""
+
+    def __init__(self, response: pb.Response) -> None:
+        self.real = response
+        self.tools = [_CountingTool(tool) for tool in response.tools]
+
+    def SerializeToString(self) -> bytes:
+        raise AssertionError("the whole Response, its tools with it, was serialized")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
@@ -48,27 +63,31 @@ def test_created_and_in_progress_are_made_from_one_serialization_of_the_response
 
     created, in_progress = emitter.opening()
 
-    assert counting.serialized == 1
+    assert [tool.serialized for tool in counting.tools] == [1, 1, 1]
     assert created.created.response == real
     assert in_progress.in_progress.response == real
     assert (created.sequence_number, in_progress.sequence_number) == (1, 2)
 
 
-def test_each_lifecycle_point_serializes_the_response_once_for_event_and_wire() -> None:
+def test_the_echoed_tools_are_serialized_once_for_every_lifecycle_event_and_its_writing() -> None:
     real = _response()
     counting = _CountingResponse(real)
     emitter = ResponseEmitter(counting)  # type: ignore[arg-type]
     events = list(emitter.opening())
+    events += emitter.on_text("hello")
+    events += emitter.close_turn()
     real.status = Status.RESPONSE_STATUS_COMPLETED
+    real.usage.input_tokens = 3
+    real.completed_at.seconds = 2
     events.append(emitter.terminal())
 
     written = [EventMessage(event, emitter.take_wire(event)).SerializeToString() for event in events]
 
-    # Three events carrying the Response, two points where it changed: two serializations, none
-    # more when the events are written.
-    assert counting.serialized == 2
+    assert [tool.serialized for tool in counting.tools] == [1, 1, 1]
     assert [pb.CreateResponseResponse.FromString(data).event for data in written] == events
+    assert_valid_stream(events)
     assert events[-1].completed.response == real
+    assert events[-1].completed.response.output[0].message.content[0].output_text.text == "hello"
 
 
 def test_a_lifecycle_events_bytes_are_taken_once_and_only_for_that_event() -> None:

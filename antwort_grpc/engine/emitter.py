@@ -30,6 +30,14 @@ _CREATED: int = _EVENT_FIELDS["created"].number
 _IN_PROGRESS: int = _EVENT_FIELDS["in_progress"].number
 _REQUIRES_ACTION: int = _EVENT_FIELDS["requires_action"].number
 _FAILED: int = _EVENT_FIELDS["failed"].number
+_RESPONSE_FIELDS = pb.Response.DESCRIPTOR.fields
+_TOOLS: int = pb.Response.DESCRIPTOR.fields_by_name["tools"].number
+_METADATA: int = pb.Response.DESCRIPTOR.fields_by_name["metadata"].number
+_MESSAGES = {f.number for f in _RESPONSE_FIELDS if f.message_type is not None and not f.is_repeated}
+_REPEATED_MESSAGES = {f.number for f in _RESPONSE_FIELDS if f.message_type is not None and f.is_repeated} - {
+    _TOOLS,
+    _METADATA,
+}
 _TERMINAL = {
     RESPONSE_COMPLETED: _EVENT_FIELDS["completed"].number,
     RESPONSE_REQUIRES_ACTION: _REQUIRES_ACTION,
@@ -78,6 +86,8 @@ class ResponseEmitter:
         # The lifecycle events made last (at most two) and their serialized form, until their
         # writer takes them.
         self._wire: list[tuple[pb.StreamEvent, bytes]] = []
+        # The Response's echoed tools serialized (field and all), once they were.
+        self._tools: bytes | None = None
 
     @property
     def sequence_number(self) -> int:
@@ -92,12 +102,13 @@ class ResponseEmitter:
     # A lifecycle event carries the whole Response (every tool schema of the request echoed):
     # copied into each event, it is serialized and parsed once per event, and serialized once
     # more when the event is written. Instead the Response is serialized once per lifecycle point
-    # (`created` and `in_progress` share it), the event is parsed from those bytes, and the bytes
-    # are kept for the writer (`take_wire`).
+    # (`created` and `in_progress` share it), its echoed tools (which never change while it runs)
+    # once per response, the event is parsed from those bytes, and the bytes are kept for the
+    # writer (`take_wire`).
 
     def opening(self) -> tuple[pb.StreamEvent, pb.StreamEvent]:
         """`created` and `in_progress`, from one serialization of the Response."""
-        response = _field(1, self.response.SerializeToString())
+        response = _field(1, self._serialized())
         created = self._lifecycle(_CREATED, response)
         kept = self._wire
         in_progress = self._lifecycle(_IN_PROGRESS, response)
@@ -105,16 +116,16 @@ class ResponseEmitter:
         return created, in_progress
 
     def created(self) -> pb.StreamEvent:
-        return self._lifecycle(_CREATED, _field(1, self.response.SerializeToString()))
+        return self._lifecycle(_CREATED, _field(1, self._serialized()))
 
     def in_progress(self) -> pb.StreamEvent:
-        return self._lifecycle(_IN_PROGRESS, _field(1, self.response.SerializeToString()))
+        return self._lifecycle(_IN_PROGRESS, _field(1, self._serialized()))
 
     def terminal(
         self, tool_calls: list[pb.FunctionCall] | None = None, approvals: list[pb.ApprovalRequest] | None = None
     ) -> pb.StreamEvent:
         """The one terminal event, chosen by the response's (final) status."""
-        payload = _field(1, self.response.SerializeToString())
+        payload = _field(1, self._serialized())
         kind = _TERMINAL.get(self.response.status, _FAILED)
         if kind == _REQUIRES_ACTION and (tool_calls or approvals):
             # Fields after the response: the rest of a ResponseRequiresActionEvent.
@@ -122,6 +133,30 @@ class ResponseEmitter:
                 tool_calls=tool_calls or [], approval_requests=approvals or []
             ).SerializeToString()
         return self._lifecycle(kind, payload)
+
+    def _serialized(self) -> bytes:
+        """The Response on the wire, its echoed tools serialized the first time only."""
+        response = self.response
+        if self._tools is None:
+            self._tools = b"".join(_field(_TOOLS, tool.SerializeToString()) for tool in response.tools)
+        if not self._tools:
+            return response.SerializeToString()
+        # Fields may come in any order on the wire; the other fields are small, or change.
+        rest = pb.Response()
+        parts = []
+        for described, value in response.ListFields():
+            number = described.number
+            if number == _TOOLS:
+                continue
+            if number in _MESSAGES:
+                parts.append(_field(number, value.SerializeToString()))
+            elif number in _REPEATED_MESSAGES:
+                parts += [_field(number, item.SerializeToString()) for item in value]
+            elif number == _METADATA:
+                rest.metadata.update(value)
+            else:
+                setattr(rest, described.name, value)
+        return rest.SerializeToString() + b"".join(parts) + self._tools
 
     def _lifecycle(self, kind: int, payload: bytes) -> pb.StreamEvent:
         wire = b"\x08" + _varint(self._next()) + _field(kind, payload)
