@@ -134,11 +134,13 @@ def test_every_final_status_has_its_own_terminal_event() -> None:
         Status.RESPONSE_STATUS_FAILED: "failed",
     }
     for status, kind in kinds.items():
-        response = _response()
-        response.status = status
-        event = ResponseEmitter(response).terminal()
-        assert event.WhichOneof("event") == kind
-        assert getattr(event, kind).response == response
+        for response in (_response(), pb.Response(id="resp_2", model="m")):
+            response.status = status
+            event = ResponseEmitter(response).terminal([pb.FunctionCall(call_id="call_1", name="f")])
+            assert event.WhichOneof("event") == kind
+            assert getattr(event, kind).response == response
+            if kind == "requires_action":
+                assert [call.call_id for call in event.requires_action.tool_calls] == ["call_1"]
 
 
 def test_input_items_are_copies_with_ids_and_the_request_keeps_its_own() -> None:

@@ -24,12 +24,9 @@ RESPONSE_REQUIRES_ACTION: int = _S.RESPONSE_STATUS_REQUIRES_ACTION
 RESPONSE_INCOMPLETE: int = _S.RESPONSE_STATUS_INCOMPLETE
 RESPONSE_CANCELLED: int = _S.RESPONSE_STATUS_CANCELLED
 
-# Field numbers of the lifecycle events in StreamEvent (each holds its Response at field 1).
+# The lifecycle events of StreamEvent (each holds its Response at field 1), and the terminal one
+# of each final status.
 _EVENT_FIELDS = pb.StreamEvent.DESCRIPTOR.fields_by_name
-_CREATED: int = _EVENT_FIELDS["created"].number
-_IN_PROGRESS: int = _EVENT_FIELDS["in_progress"].number
-_REQUIRES_ACTION: int = _EVENT_FIELDS["requires_action"].number
-_FAILED: int = _EVENT_FIELDS["failed"].number
 _RESPONSE_FIELDS = pb.Response.DESCRIPTOR.fields
 _TOOLS: int = pb.Response.DESCRIPTOR.fields_by_name["tools"].number
 _METADATA: int = pb.Response.DESCRIPTOR.fields_by_name["metadata"].number
@@ -39,10 +36,10 @@ _REPEATED_MESSAGES = {f.number for f in _RESPONSE_FIELDS if f.message_type is no
     _METADATA,
 }
 _TERMINAL = {
-    RESPONSE_COMPLETED: _EVENT_FIELDS["completed"].number,
-    RESPONSE_REQUIRES_ACTION: _REQUIRES_ACTION,
-    RESPONSE_INCOMPLETE: _EVENT_FIELDS["incomplete"].number,
-    RESPONSE_CANCELLED: _EVENT_FIELDS["cancelled"].number,
+    RESPONSE_COMPLETED: "completed",
+    RESPONSE_REQUIRES_ACTION: "requires_action",
+    RESPONSE_INCOMPLETE: "incomplete",
+    RESPONSE_CANCELLED: "cancelled",
 }
 
 
@@ -99,48 +96,71 @@ class ResponseEmitter:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    # A lifecycle event carries the whole Response (every tool schema of the request echoed):
-    # copied into each event, it is serialized and parsed once per event, and serialized once
-    # more when the event is written. Instead the Response is serialized once per lifecycle point
-    # (`created` and `in_progress` share it), its echoed tools (which never change while it runs)
-    # once per response, the event is parsed from those bytes, and the bytes are kept for the
-    # writer (`take_wire`).
+    # A lifecycle event carries the whole Response, every tool schema of the request echoed:
+    # copied into each event, that is serialized and parsed once per event, and serialized once
+    # more when the event is written. For a Response echoing tools, the Response is serialized
+    # once per lifecycle point (`created` and `in_progress` share it) and its tools (which never
+    # change while it runs) once per response; the event is parsed from those bytes, and the bytes
+    # are kept for the writer (`take_wire`). A Response without tools is small: copied into the
+    # event, which costs less than the bytes' way.
 
     def opening(self) -> tuple[pb.StreamEvent, pb.StreamEvent]:
         """`created` and `in_progress`, from one serialization of the Response."""
+        if not self._echoes_tools():
+            return self._copied("created"), self._copied("in_progress")
         response = _field(1, self._serialized())
-        created = self._lifecycle(_CREATED, response)
+        created = self._lifecycle("created", response)
         kept = self._wire
-        in_progress = self._lifecycle(_IN_PROGRESS, response)
+        in_progress = self._lifecycle("in_progress", response)
         self._wire = kept + self._wire
         return created, in_progress
 
     def created(self) -> pb.StreamEvent:
-        return self._lifecycle(_CREATED, _field(1, self._serialized()))
+        if not self._echoes_tools():
+            return self._copied("created")
+        return self._lifecycle("created", _field(1, self._serialized()))
 
     def in_progress(self) -> pb.StreamEvent:
-        return self._lifecycle(_IN_PROGRESS, _field(1, self._serialized()))
+        if not self._echoes_tools():
+            return self._copied("in_progress")
+        return self._lifecycle("in_progress", _field(1, self._serialized()))
 
     def terminal(
         self, tool_calls: list[pb.FunctionCall] | None = None, approvals: list[pb.ApprovalRequest] | None = None
     ) -> pb.StreamEvent:
         """The one terminal event, chosen by the response's (final) status."""
+        kind = _TERMINAL.get(self.response.status, "failed")
+        if not self._echoes_tools():
+            event = self._copied(kind)
+            if kind == "requires_action":
+                event.requires_action.tool_calls.extend(tool_calls or [])
+                event.requires_action.approval_requests.extend(approvals or [])
+            return event
         payload = _field(1, self._serialized())
-        kind = _TERMINAL.get(self.response.status, _FAILED)
-        if kind == _REQUIRES_ACTION and (tool_calls or approvals):
+        if kind == "requires_action" and (tool_calls or approvals):
             # Fields after the response: the rest of a ResponseRequiresActionEvent.
             payload += pb.ResponseRequiresActionEvent(
                 tool_calls=tool_calls or [], approval_requests=approvals or []
             ).SerializeToString()
         return self._lifecycle(kind, payload)
 
+    def _copied(self, kind: str) -> pb.StreamEvent:
+        # Filled in place: a message passed to a constructor is copied by serializing and parsing
+        # it (upb), which costs several times a CopyFrom.
+        event = pb.StreamEvent(sequence_number=self._next())
+        getattr(event, kind).response.CopyFrom(self.response)
+        return event
+
+    def _echoes_tools(self) -> bool:
+        if self._tools is None:
+            tools = self.response.tools
+            self._tools = b"".join([_field(_TOOLS, tool.SerializeToString()) for tool in tools]) if tools else b""
+        return bool(self._tools)
+
     def _serialized(self) -> bytes:
         """The Response on the wire, its echoed tools serialized the first time only."""
         response = self.response
-        if self._tools is None:
-            self._tools = b"".join(_field(_TOOLS, tool.SerializeToString()) for tool in response.tools)
-        if not self._tools:
-            return response.SerializeToString()
+        assert self._tools is not None
         # Fields may come in any order on the wire; the other fields are small, or change.
         rest = pb.Response()
         parts = []
@@ -158,15 +178,17 @@ class ResponseEmitter:
                 setattr(rest, described.name, value)
         return rest.SerializeToString() + b"".join(parts) + self._tools
 
-    def _lifecycle(self, kind: int, payload: bytes) -> pb.StreamEvent:
-        wire = b"\x08" + _varint(self._next()) + _field(kind, payload)
+    def _lifecycle(self, kind: str, payload: bytes) -> pb.StreamEvent:
+        wire = b"\x08" + _varint(self._next()) + _field(_EVENT_FIELDS[kind].number, payload)
         event = pb.StreamEvent.FromString(wire)
         self._wire = [(event, wire)]
         return event
 
     def take_wire(self, event: pb.StreamEvent) -> bytes | None:
         """The serialized form of `event`, once, when it is a lifecycle event made last (or
-        `created` before `in_progress`); None for any other event."""
+        `created` before `in_progress`) from bytes; None for any other event."""
+        if not self._wire:
+            return None
         for n, (kept, wire) in enumerate(self._wire):
             if kept is event:
                 del self._wire[n]
