@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from antwort_grpc import pb
-from antwort_grpc.engine.emitter import ResponseEmitter
-from antwort_grpc.engine.request import input_items
+from antwort_grpc.engine.emitter import ResponseEmitter, echoed_tools
+from antwort_grpc.engine.request import input_items, new_response
 from antwort_grpc.server.decode import EventMessage
 from tests.harness import assert_valid_stream
 
@@ -159,3 +159,76 @@ def test_input_items_are_copies_with_ids_and_the_request_keeps_its_own() -> None
     assert (items[1].id, items[1].status) == ("msg_given", pb.ItemStatus.ITEM_STATUS_INCOMPLETE)
     assert request.input_items.items[0].id == ""
     assert request.input_items.items[0].message.content[0].input_text.text == "hello"
+
+
+def _request_with_tools() -> pb.CreateResponseRequest:
+    request = pb.CreateResponseRequest(model="m", instructions="be brief", input_text="hi")
+    request.tools.extend(_response().tools)
+    request.metadata["team"] = "blue"
+    request.temperature = 0.5
+    return request
+
+
+def test_a_completed_response_ends_with_the_event_it_was_built_in() -> None:
+    request = _request_with_tools()
+    ending = pb.StreamEvent()
+    tools = echoed_tools(request.tools)
+    response = new_response(request, "m", within=ending, tools=tools)
+    emitter = ResponseEmitter(response, ending, tools)
+    events = list(emitter.opening())
+    events += emitter.on_text("hello")
+    events += emitter.close_turn()
+    response.status = Status.RESPONSE_STATUS_COMPLETED
+
+    terminal = emitter.terminal()
+    events.append(terminal)
+
+    assert terminal is ending
+    assert terminal.sequence_number == len(events)
+    assert_valid_stream(events)
+    assert terminal.completed.response == response
+    assert [t.function.name for t in terminal.completed.response.tools] == ["tool_0", "tool_1", "tool_2"]
+    # The opening events are snapshots: the answer is only in the terminal one.
+    assert not events[0].created.response.output
+    wire = emitter.take_wire(terminal)
+    assert wire is not None and pb.StreamEvent.FromString(wire) == terminal
+
+
+def test_a_response_that_does_not_complete_ends_with_an_event_of_its_own() -> None:
+    request = _request_with_tools()
+    ending = pb.StreamEvent()
+    response = new_response(request, "m", within=ending)
+    emitter = ResponseEmitter(response, ending)
+    emitter.opening()
+    response.status = Status.RESPONSE_STATUS_INCOMPLETE
+
+    terminal = emitter.terminal()
+
+    assert terminal is not ending
+    assert terminal.incomplete.response == response
+
+
+def test_a_response_built_in_an_event_echoes_the_request_as_one_built_alone() -> None:
+    request = _request_with_tools()
+    ending = pb.StreamEvent()
+    within = new_response(request, "m", within=ending, tools=echoed_tools(request.tools))
+    alone = new_response(request, "m")
+    alone.id, alone.created_at.seconds, alone.created_at.nanos = (
+        within.id,
+        within.created_at.seconds,
+        within.created_at.nanos,
+    )
+
+    assert within == alone
+    assert alone == pb.Response(
+        id=within.id,
+        model="m",
+        status=Status.RESPONSE_STATUS_IN_PROGRESS,
+        instructions="be brief",
+        tools=request.tools,
+        parallel_tool_calls=True,
+        store=True,
+        metadata={"team": "blue"},
+        temperature=0.5,
+        created_at=within.created_at,
+    )

@@ -8,6 +8,7 @@ index) until the turn ends. `close_turn` closes what is open, in output order.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from antwort_grpc import pb
@@ -72,7 +73,10 @@ class _OpenCall:
 
 
 class ResponseEmitter:
-    def __init__(self, response: pb.Response) -> None:
+    def __init__(self, response: pb.Response, ending: pb.StreamEvent | None = None, tools: bytes | None = None) -> None:
+        """`ending`: the event `response` was built in, as its `completed`: the terminal event
+        when the response completes, without a copy. `tools`: its echoed tools serialized, as
+        `echoed_tools` gives them, when they were."""
         self.response = response
         self._seq = 0
         self._message: _OpenMessage | None = None
@@ -83,8 +87,9 @@ class ResponseEmitter:
         # The lifecycle events made last (at most two) and their serialized form, until their
         # writer takes them.
         self._wire: list[tuple[pb.StreamEvent, bytes]] = []
+        self._ending = ending
         # The Response's echoed tools serialized (field and all), once they were.
-        self._tools: bytes | None = None
+        self._tools = tools
 
     @property
     def sequence_number(self) -> int:
@@ -130,6 +135,9 @@ class ResponseEmitter:
     ) -> pb.StreamEvent:
         """The one terminal event, chosen by the response's (final) status."""
         kind = _TERMINAL.get(self.response.status, "failed")
+        ending, self._ending = self._ending, None
+        if ending is not None and kind == "completed":
+            return self._ended(ending)
         if not self._echoes_tools():
             event = self._copied(kind)
             if kind == "requires_action":
@@ -144,6 +152,15 @@ class ResponseEmitter:
             ).SerializeToString()
         return self._lifecycle(kind, payload)
 
+    def _ended(self, ending: pb.StreamEvent) -> pb.StreamEvent:
+        """The event the Response was built in, as the terminal event: the Response in it is
+        final, and nothing changes it after."""
+        seq = ending.sequence_number = self._next()
+        if self._echoes_tools():
+            wire = b"\x08" + _varint(seq) + _field(_EVENT_FIELDS["completed"].number, _field(1, self._serialized()))
+            self._wire = [(ending, wire)]
+        return ending
+
     def _copied(self, kind: str) -> pb.StreamEvent:
         # Filled in place: a message passed to a constructor is copied by serializing and parsing
         # it (upb), which costs several times a CopyFrom.
@@ -154,7 +171,7 @@ class ResponseEmitter:
     def _echoes_tools(self) -> bool:
         if self._tools is None:
             tools = self.response.tools
-            self._tools = b"".join([_field(_TOOLS, tool.SerializeToString()) for tool in tools]) if tools else b""
+            self._tools = echoed_tools(tools) if tools else b""
         return bool(self._tools)
 
     def _serialized(self) -> bytes:
@@ -474,6 +491,11 @@ class ResponseEmitter:
                 item_id=item.id, output_index=index, call_id=call_id
             ),
         )
+
+
+def echoed_tools(tools: Sequence[pb.Tool]) -> bytes:
+    """`tools` as the `tools` field of a Response on the wire."""
+    return b"".join([_field(_TOOLS, tool.SerializeToString()) for tool in tools])
 
 
 def _field(number: int, payload: bytes) -> bytes:
