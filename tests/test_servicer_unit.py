@@ -149,6 +149,9 @@ class _RunThatWindsDown:
         yield pb.StreamEvent(completed=pb.ResponseCompletedEvent(response=pb.Response(id="resp_1")))
         await self.wound_down.wait()
 
+    def take_wire(self, event: pb.StreamEvent) -> bytes | None:
+        return None
+
     def send(self, control: pb.Control) -> None:
         pass
 

@@ -8,6 +8,7 @@ index) until the turn ends. `close_turn` closes what is open, in output order.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from antwort_grpc import pb
@@ -23,6 +24,24 @@ RESPONSE_COMPLETED: int = _S.RESPONSE_STATUS_COMPLETED
 RESPONSE_REQUIRES_ACTION: int = _S.RESPONSE_STATUS_REQUIRES_ACTION
 RESPONSE_INCOMPLETE: int = _S.RESPONSE_STATUS_INCOMPLETE
 RESPONSE_CANCELLED: int = _S.RESPONSE_STATUS_CANCELLED
+
+# The lifecycle events of StreamEvent (each holds its Response at field 1), and the terminal one
+# of each final status.
+_EVENT_FIELDS = pb.StreamEvent.DESCRIPTOR.fields_by_name
+_RESPONSE_FIELDS = pb.Response.DESCRIPTOR.fields
+_TOOLS: int = pb.Response.DESCRIPTOR.fields_by_name["tools"].number
+_METADATA: int = pb.Response.DESCRIPTOR.fields_by_name["metadata"].number
+_MESSAGES = {f.number for f in _RESPONSE_FIELDS if f.message_type is not None and not f.is_repeated}
+_REPEATED_MESSAGES = {f.number for f in _RESPONSE_FIELDS if f.message_type is not None and f.is_repeated} - {
+    _TOOLS,
+    _METADATA,
+}
+_TERMINAL = {
+    RESPONSE_COMPLETED: "completed",
+    RESPONSE_REQUIRES_ACTION: "requires_action",
+    RESPONSE_INCOMPLETE: "incomplete",
+    RESPONSE_CANCELLED: "cancelled",
+}
 
 
 @dataclass(slots=True)
@@ -54,7 +73,10 @@ class _OpenCall:
 
 
 class ResponseEmitter:
-    def __init__(self, response: pb.Response) -> None:
+    def __init__(self, response: pb.Response, ending: pb.StreamEvent | None = None, tools: bytes | None = None) -> None:
+        """`ending`: the event `response` was built in, as its `completed`: the terminal event
+        when the response completes, without a copy. `tools`: its echoed tools serialized, as
+        `echoed_tools` gives them, when they were."""
         self.response = response
         self._seq = 0
         self._message: _OpenMessage | None = None
@@ -62,6 +84,12 @@ class ResponseEmitter:
         self._calls: dict[int, _OpenCall] = {}
         # Items finished in the current turn, in output order: what the loop looks at.
         self.turn_items: list[pb.Item] = []
+        # The lifecycle events made last (at most two) and their serialized form, until their
+        # writer takes them.
+        self._wire: list[tuple[pb.StreamEvent, bytes]] = []
+        self._ending = ending
+        # The Response's echoed tools serialized (field and all), once they were.
+        self._tools = tools
 
     @property
     def sequence_number(self) -> int:
@@ -73,39 +101,116 @@ class ResponseEmitter:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    # Events are filled in place: a message passed to a constructor is copied by serializing and
-    # parsing it (upb), which for the response events costs several times a CopyFrom.
+    # A lifecycle event carries the whole Response, every tool schema of the request echoed:
+    # copied into each event, that is serialized and parsed once per event, and serialized once
+    # more when the event is written. For a Response echoing tools, the Response is serialized
+    # once per lifecycle point (`created` and `in_progress` share it) and its tools (which never
+    # change while it runs) once per response; the event is parsed from those bytes, and the bytes
+    # are kept for the writer (`take_wire`). A Response without tools is small: copied into the
+    # event, which costs less than the bytes' way.
+
+    def opening(self) -> tuple[pb.StreamEvent, pb.StreamEvent]:
+        """`created` and `in_progress`, from one serialization of the Response."""
+        if not self._echoes_tools():
+            return self._copied("created"), self._copied("in_progress")
+        response = _field(1, self._serialized())
+        created = self._lifecycle("created", response)
+        kept = self._wire
+        in_progress = self._lifecycle("in_progress", response)
+        self._wire = kept + self._wire
+        return created, in_progress
 
     def created(self) -> pb.StreamEvent:
-        event = pb.StreamEvent(sequence_number=self._next())
-        event.created.response.CopyFrom(self.response)
-        return event
+        if not self._echoes_tools():
+            return self._copied("created")
+        return self._lifecycle("created", _field(1, self._serialized()))
 
     def in_progress(self) -> pb.StreamEvent:
-        event = pb.StreamEvent(sequence_number=self._next())
-        event.in_progress.response.CopyFrom(self.response)
-        return event
+        if not self._echoes_tools():
+            return self._copied("in_progress")
+        return self._lifecycle("in_progress", _field(1, self._serialized()))
 
     def terminal(
         self, tool_calls: list[pb.FunctionCall] | None = None, approvals: list[pb.ApprovalRequest] | None = None
     ) -> pb.StreamEvent:
         """The one terminal event, chosen by the response's (final) status."""
+        kind = _TERMINAL.get(self.response.status, "failed")
+        ending, self._ending = self._ending, None
+        if ending is not None and kind == "completed":
+            return self._ended(ending)
+        if not self._echoes_tools():
+            event = self._copied(kind)
+            if kind == "requires_action":
+                event.requires_action.tool_calls.extend(tool_calls or [])
+                event.requires_action.approval_requests.extend(approvals or [])
+            return event
+        payload = _field(1, self._serialized())
+        if kind == "requires_action" and (tool_calls or approvals):
+            # Fields after the response: the rest of a ResponseRequiresActionEvent.
+            payload += pb.ResponseRequiresActionEvent(
+                tool_calls=tool_calls or [], approval_requests=approvals or []
+            ).SerializeToString()
+        return self._lifecycle(kind, payload)
+
+    def _ended(self, ending: pb.StreamEvent) -> pb.StreamEvent:
+        """The event the Response was built in, as the terminal event: the Response in it is
+        final, and nothing changes it after."""
+        seq = ending.sequence_number = self._next()
+        if self._echoes_tools():
+            wire = b"\x08" + _varint(seq) + _field(_EVENT_FIELDS["completed"].number, _field(1, self._serialized()))
+            self._wire = [(ending, wire)]
+        return ending
+
+    def _copied(self, kind: str) -> pb.StreamEvent:
+        # Filled in place: a message passed to a constructor is copied by serializing and parsing
+        # it (upb), which costs several times a CopyFrom.
         event = pb.StreamEvent(sequence_number=self._next())
-        status = self.response.status
-        if status == RESPONSE_COMPLETED:
-            event.completed.response.CopyFrom(self.response)
-        elif status == RESPONSE_REQUIRES_ACTION:
-            action = event.requires_action
-            action.response.CopyFrom(self.response)
-            action.tool_calls.extend(tool_calls or [])
-            action.approval_requests.extend(approvals or [])
-        elif status == RESPONSE_INCOMPLETE:
-            event.incomplete.response.CopyFrom(self.response)
-        elif status == RESPONSE_CANCELLED:
-            event.cancelled.response.CopyFrom(self.response)
-        else:
-            event.failed.response.CopyFrom(self.response)
+        getattr(event, kind).response.CopyFrom(self.response)
         return event
+
+    def _echoes_tools(self) -> bool:
+        if self._tools is None:
+            tools = self.response.tools
+            self._tools = echoed_tools(tools) if tools else b""
+        return bool(self._tools)
+
+    def _serialized(self) -> bytes:
+        """The Response on the wire, its echoed tools serialized the first time only."""
+        response = self.response
+        assert self._tools is not None
+        # Fields may come in any order on the wire; the other fields are small, or change.
+        rest = pb.Response()
+        parts = []
+        for described, value in response.ListFields():
+            number = described.number
+            if number == _TOOLS:
+                continue
+            if number in _MESSAGES:
+                parts.append(_field(number, value.SerializeToString()))
+            elif number in _REPEATED_MESSAGES:
+                parts += [_field(number, item.SerializeToString()) for item in value]
+            elif number == _METADATA:
+                rest.metadata.update(value)
+            else:
+                setattr(rest, described.name, value)
+        return rest.SerializeToString() + b"".join(parts) + self._tools
+
+    def _lifecycle(self, kind: str, payload: bytes) -> pb.StreamEvent:
+        wire = b"\x08" + _varint(self._next()) + _field(_EVENT_FIELDS[kind].number, payload)
+        event = pb.StreamEvent.FromString(wire)
+        self._wire = [(event, wire)]
+        return event
+
+    def take_wire(self, event: pb.StreamEvent) -> bytes | None:
+        """The serialized form of `event`, once, when it is a lifecycle event made last (or
+        `created` before `in_progress`) from bytes; None for any other event."""
+        if not self._wire:
+            return None
+        for n, (kept, wire) in enumerate(self._wire):
+            if kept is event:
+                del self._wire[n]
+                return wire
+        return None
 
     # -- turns and controls ----------------------------------------------------------------------
 
@@ -386,6 +491,25 @@ class ResponseEmitter:
                 item_id=item.id, output_index=index, call_id=call_id
             ),
         )
+
+
+def echoed_tools(tools: Sequence[pb.Tool]) -> bytes:
+    """`tools` as the `tools` field of a Response on the wire."""
+    return b"".join([_field(_TOOLS, tool.SerializeToString()) for tool in tools])
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field on the wire."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def new_item_id(kind: str) -> str:

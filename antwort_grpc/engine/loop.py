@@ -20,6 +20,7 @@ from antwort_grpc import pb
 from antwort_grpc.engine import continuation, response_status
 from antwort_grpc.engine.budget import ServerLimits, run_limits
 from antwort_grpc.engine.checkpoints import inject_items
+from antwort_grpc.engine.emitter import echoed_tools
 from antwort_grpc.engine.history import HISTORY_MAX_BYTES, History, load_history
 from antwort_grpc.engine.hook_gate import HookGate
 from antwort_grpc.engine.model_call import call_model, turn_request
@@ -208,7 +209,9 @@ class Engine:
         resumed, violations = continuation.resolve(history.items, history.model_calls, items, tools, choice)
         if violations:
             raise invalid_argument(violations)
-        response = new_response(request, model)
+        ending = pb.StreamEvent()
+        tools_echoed = echoed_tools(request.tools) if request.tools else b""
+        response = new_response(request, model, within=ending, tools=tools_echoed)
         if response_id:
             response.id = response_id
         if request.truncation:
@@ -227,6 +230,8 @@ class Engine:
             # An engine without executors is single-shot: it runs nothing of an earlier response.
             continuation=resumed if self.config.executors else Continuation(),
             controller=controller,
+            ending=ending,
+            echoed_tools=tools_echoed,
         )
         return Run(request, response, setup)
 
@@ -239,8 +244,9 @@ class Engine:
         finished = False
         try:
             self._start_early(run)
-            yield emitter.created()
-            yield emitter.in_progress()
+            created, in_progress = emitter.opening()
+            yield created
+            yield in_progress
             if run.hooks is not None:
                 for event in run.hooks.events(emitter):
                     yield event

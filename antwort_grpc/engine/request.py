@@ -31,31 +31,41 @@ def input_items(request: pb.CreateResponseRequest) -> list[pb.Item]:
             message=pb.Message(role=_USER, content=[part]),  # type: ignore[arg-type]
         )
         return [item]
-    items = []
-    for given in request.input_items.items:
-        item = pb.Item()
-        item.CopyFrom(given)
+    # One copy of the whole list (a single call into C): an 8 MB request's 2,048 items copied
+    # one by one cost four times as much, on the event loop.
+    copied = type(request.input_items)()
+    copied.CopyFrom(request.input_items)
+    items = list(copied.items)
+    for item in items:
         if not item.id:
             item.id = new_id(_PREFIX.get(item.WhichOneof("kind") or "message", "item"))
         if not item.status:
             item.status = _COMPLETED  # type: ignore[assignment]
-        items.append(item)
     return items
 
 
-def new_response(request: pb.CreateResponseRequest, model: str) -> pb.Response:
-    """A Response in progress, echoing the request's settings (as the Responses API does)."""
-    response = pb.Response(
-        id=response_id(),
-        model=model,
-        status=_IN_PROGRESS,  # type: ignore[arg-type]
-        previous_response_id=request.previous_response_id,
-        instructions=request.instructions,
-        tools=request.tools,
-        parallel_tool_calls=request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True,
-        store=request.store if request.HasField("store") else True,
-        metadata=request.metadata,
-    )
+def new_response(
+    request: pb.CreateResponseRequest, model: str, within: pb.StreamEvent | None = None, tools: bytes = b""
+) -> pb.Response:
+    """A Response in progress, echoing the request's settings (as the Responses API does).
+
+    `within`: the event to build it in, as its `completed` (the terminal event of a response that
+    completes then needs no copy of it). `tools`: the request's tools as `echoed_tools` gives them.
+    """
+    response = within.completed.response if within is not None else pb.Response()
+    if tools:
+        response.MergeFromString(tools)
+    elif request.tools:
+        response.tools.extend(request.tools)
+    response.id = response_id()
+    response.model = model
+    response.status = _IN_PROGRESS  # type: ignore[assignment]
+    response.previous_response_id = request.previous_response_id
+    response.instructions = request.instructions
+    response.parallel_tool_calls = request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
+    response.store = request.store if request.HasField("store") else True
+    if request.metadata:
+        response.metadata.update(request.metadata)
     response.created_at.FromNanoseconds(time.time_ns())
     if request.HasField("tool_choice"):
         response.tool_choice.CopyFrom(request.tool_choice)

@@ -71,6 +71,10 @@ class RunSetup:
     hooks: HookGate | None = None
     continuation: Continuation = field(default_factory=Continuation)
     controller: bool = False
+    # The event the response was built in (its `completed`), and its echoed tools serialized:
+    # what the emitter makes its lifecycle events of without copying the Response.
+    ending: pb.StreamEvent | None = None
+    echoed_tools: bytes | None = None
 
 
 class Run:
@@ -78,7 +82,7 @@ class Run:
         self.request = request
         # The Response being built (the emitter fills it in; read it, never replace it).
         self.response = response
-        self.emitter = ResponseEmitter(response)
+        self.emitter = ResponseEmitter(response, setup.ending, setup.echoed_tools)
         self.input_items = setup.input_items
         self.tools = setup.tools
         # Who started it: only they may read or control it.
@@ -147,6 +151,11 @@ class Run:
         assert self._events is not None, "a Run is made by Engine.start"
         events, self._events = self._events, None
         return events(self)
+
+    def take_wire(self, event: pb.StreamEvent) -> bytes | None:
+        """`event` serialized, when the engine kept its bytes (a lifecycle event: the Response
+        serialized once, not once more by the writer); once per event."""
+        return self.emitter.take_wire(event)
 
     # -- controls (any task) -----------------------------------------------------------------------
 

@@ -86,15 +86,17 @@ class _Admit:
 class EventMessage:
     """A CreateResponseResponse or ConverseResponse holding `event` (field 1 of both), serialized
     without being built: building one copies the event, and a lifecycle event carries the whole
-    Response (every tool schema of the request echoed), three times per response."""
+    Response (every tool schema of the request echoed), three times per response. `wire`: the
+    event already serialized (the engine keeps a lifecycle event's bytes), written as it is."""
 
-    __slots__ = ("event",)
+    __slots__ = ("event", "wire")
 
-    def __init__(self, event: Message) -> None:
+    def __init__(self, event: Message, wire: bytes | None = None) -> None:
         self.event = event
+        self.wire = wire
 
     def SerializeToString(self) -> bytes:
-        data = self.event.SerializeToString()
+        data = self.wire if self.wire is not None else self.event.SerializeToString()
         return b"\x0a" + _length(len(data)) + data
 
 

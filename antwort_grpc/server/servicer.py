@@ -69,7 +69,7 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
                             async for event in events:
                                 if observing:
                                     watch.saw(event)
-                                yield _message(event)
+                                yield _message(event, run)
                         else:
                             # One code path: drain the same stream, send only the terminal event.
                             last = None
@@ -78,7 +78,7 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
                                     watch.saw(event)
                                 last = event
                             assert last is not None
-                            yield _message(last)
+                            yield _message(last, run)
                         watch.ended()
                     finally:
                         await events.aclose()
@@ -248,7 +248,7 @@ class _Session:
                         self.run = None
                         admitted.release()
                     async with self.writing:
-                        await self.context.write(EventMessage(event))
+                        await self.context.write(EventMessage(event, run.take_wire(event)))
         finally:
             self.run = None
 
@@ -331,5 +331,6 @@ def _busy() -> RequestError:
     )
 
 
-def _message(event: pb.StreamEvent) -> EventMessage:
-    return EventMessage(event)
+def _message(event: pb.StreamEvent, run: Run) -> EventMessage:
+    # A lifecycle event is written as the engine serialized it (its Response once, not again).
+    return EventMessage(event, run.take_wire(event))
