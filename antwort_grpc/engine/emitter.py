@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from antwort_grpc import pb
 from antwort_grpc.ids import new_id
+from antwort_grpc.protowire import length_delimited, varint
 
 Status = pb.ItemStatus
 # Plain ints: a protobuf enum attribute lookup is a Python-level call, and these are read per item.
@@ -113,7 +114,7 @@ class ResponseEmitter:
         """`created` and `in_progress`, from one serialization of the Response."""
         if not self._echoes_tools():
             return self._copied("created"), self._copied("in_progress")
-        response = _field(1, self._serialized())
+        response = length_delimited(1, self._serialized())
         created = self._lifecycle("created", response)
         kept = self._wire
         in_progress = self._lifecycle("in_progress", response)
@@ -123,12 +124,12 @@ class ResponseEmitter:
     def created(self) -> pb.StreamEvent:
         if not self._echoes_tools():
             return self._copied("created")
-        return self._lifecycle("created", _field(1, self._serialized()))
+        return self._lifecycle("created", length_delimited(1, self._serialized()))
 
     def in_progress(self) -> pb.StreamEvent:
         if not self._echoes_tools():
             return self._copied("in_progress")
-        return self._lifecycle("in_progress", _field(1, self._serialized()))
+        return self._lifecycle("in_progress", length_delimited(1, self._serialized()))
 
     def terminal(
         self, tool_calls: list[pb.FunctionCall] | None = None, approvals: list[pb.ApprovalRequest] | None = None
@@ -144,7 +145,7 @@ class ResponseEmitter:
                 event.requires_action.tool_calls.extend(tool_calls or [])
                 event.requires_action.approval_requests.extend(approvals or [])
             return event
-        payload = _field(1, self._serialized())
+        payload = length_delimited(1, self._serialized())
         if kind == "requires_action" and (tool_calls or approvals):
             # Fields after the response: the rest of a ResponseRequiresActionEvent.
             payload += pb.ResponseRequiresActionEvent(
@@ -157,7 +158,11 @@ class ResponseEmitter:
         final, and nothing changes it after."""
         seq = ending.sequence_number = self._next()
         if self._echoes_tools():
-            wire = b"\x08" + _varint(seq) + _field(_EVENT_FIELDS["completed"].number, _field(1, self._serialized()))
+            wire = (
+                b"\x08"
+                + varint(seq)
+                + length_delimited(_EVENT_FIELDS["completed"].number, length_delimited(1, self._serialized()))
+            )
             self._wire = [(ending, wire)]
         return ending
 
@@ -186,9 +191,9 @@ class ResponseEmitter:
             if number == _TOOLS:
                 continue
             if number in _MESSAGES:
-                parts.append(_field(number, value.SerializeToString()))
+                parts.append(length_delimited(number, value.SerializeToString()))
             elif number in _REPEATED_MESSAGES:
-                parts += [_field(number, item.SerializeToString()) for item in value]
+                parts += [length_delimited(number, item.SerializeToString()) for item in value]
             elif number == _METADATA:
                 rest.metadata.update(value)
             else:
@@ -196,7 +201,7 @@ class ResponseEmitter:
         return rest.SerializeToString() + b"".join(parts) + self._tools
 
     def _lifecycle(self, kind: str, payload: bytes) -> pb.StreamEvent:
-        wire = b"\x08" + _varint(self._next()) + _field(_EVENT_FIELDS[kind].number, payload)
+        wire = b"\x08" + varint(self._next()) + length_delimited(_EVENT_FIELDS[kind].number, payload)
         event = pb.StreamEvent.FromString(wire)
         self._wire = [(event, wire)]
         return event
@@ -495,21 +500,7 @@ class ResponseEmitter:
 
 def echoed_tools(tools: Sequence[pb.Tool]) -> bytes:
     """`tools` as the `tools` field of a Response on the wire."""
-    return b"".join([_field(_TOOLS, tool.SerializeToString()) for tool in tools])
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited field on the wire."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    return b"".join([length_delimited(_TOOLS, tool.SerializeToString()) for tool in tools])
 
 
 def new_item_id(kind: str) -> str:

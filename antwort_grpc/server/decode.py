@@ -27,6 +27,7 @@ from antwort_grpc.edge import Reservation
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.grpc_status import abort
 from antwort_grpc.offload import off_loop
+from antwort_grpc.protowire import length_delimited, next_field
 
 # Requests larger than this are parsed in a worker thread, so a 32 MiB request does not hold the
 # event loop (and every other stream) while it is parsed.
@@ -97,16 +98,7 @@ class EventMessage:
 
     def SerializeToString(self) -> bytes:
         data = self.wire if self.wire is not None else self.event.SerializeToString()
-        return b"\x0a" + _length(len(data)) + data
-
-
-def _length(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+        return length_delimited(1, data)
 
 
 def _serialize(message: Any) -> bytes:
@@ -340,69 +332,22 @@ def _fields(raw: bytes) -> list[tuple[int, int, int, bytes | None]]:
     at = 0
     while at < len(raw):
         start = at
-        tag, at = _varint(raw, at)
-        if at < 0:
+        number, payload_at, at = next_field(raw, at)
+        if at < 0 or at > len(raw) or number <= 0:
             break
-        number, wire = tag >> 3, tag & 7
-        payload = None
-        if wire == 0:
-            _, at = _varint(raw, at)
-        elif wire == 1:
-            at += 8
-        elif wire == 5:
-            at += 4
-        elif wire == 2:
-            length, at = _varint(raw, at)
-            if at < 0:
-                break
-            payload = raw[at : at + length]
-            at += length
-        else:
-            break
-        if at < 0 or at > len(raw) or number == 0:
-            break
-        found.append((number, start, at, payload))
+        found.append((number, start, at, raw[payload_at:at] if payload_at >= 0 else None))
     return found
-
-
-def _varint(raw: bytes, at: int) -> tuple[int, int]:
-    """The varint at `at` and the position after it; position -1 when it is cut off or too long."""
-    value = shift = 0
-    while at < len(raw) and shift < 64:
-        byte = raw[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, at
-        shift += 7
-    return 0, -1
 
 
 def has_field(raw: bytes, number: int) -> bool:
     """Whether the top level of the message `raw` holds field `number`: read from the tags and
     lengths alone, nothing copied (False when the framing breaks first: the parser will say why)."""
-    at, end = 0, len(raw)
-    while at < end:
-        tag, at = _varint(raw, at)
-        if at < 0:
-            return False
-        if tag >> 3 == number:
+    at = 0
+    while 0 <= at < len(raw):
+        found, _, at = next_field(raw, at)
+        if found == number:
             return True
-        wire = tag & 7
-        if wire == 0:
-            _, at = _varint(raw, at)
-        elif wire == 1:
-            at += 8
-        elif wire == 5:
-            at += 4
-        elif wire == 2:
-            length, at = _varint(raw, at)
-            if at < 0:
-                return False
-            at += length
-        else:
-            return False
-        if at < 0:
+        if found < 0:
             return False
     return False
 
