@@ -22,6 +22,7 @@ test: venv
 
 # The inner loop: everything but the heavy tests (tests/conftest.py lists them; `make test` runs them).
 test-fast: venv
+	@scripts/system-deps.sh
 	$(PY) -m pytest -q -m "not heavy" -n auto --durations=10
 
 lint: venv

@@ -19,7 +19,13 @@ import pytest
 from antwort_grpc.testing.fake_openai import Reply
 from tests.test_client_cli import ANTWORT, GUARDED, PARIS, gateway
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux missing: scripts/system-deps.sh installs it")
+
+@pytest.fixture(autouse=True)
+def _tmux() -> None:
+    # Not a skip: a terminal test that does not run proves nothing (make test installs tmux).
+    if shutil.which("tmux") is None:
+        pytest.fail("tmux is missing: scripts/system-deps.sh installs it (make test runs it)")
+
 
 SLOW_STORY = Reply(text="Once upon a time " + "there was a long story " * 300, delay=0.03)
 
