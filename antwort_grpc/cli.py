@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
+from antwort_grpc import event_loop
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.startup_errors import (
     StartupError,
@@ -114,7 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
     from antwort_grpc.server.serve import serve
 
     try:
-        asyncio.run(serve(settings))
+        event_loop.run(serve(settings))
     except (RuntimeError, OSError) as error:
         if is_bind_failure(error) or str(error).startswith("cannot listen on"):
             raise bind_error(settings.listen, "--listen / ANTWORT_LISTEN") from error

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 
-from antwort_grpc import pb
+from antwort_grpc import event_loop, pb
 from antwort_grpc.executors.base import ProgressSink
 from antwort_grpc.tool_services.sdk import ExecutorService, function_tool, serve_executor, text_result
 from bench.procs import until_stopped
@@ -49,7 +49,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(args.tool_seconds))
+        event_loop.run(_serve(args.tool_seconds))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 
-from antwort_grpc import pb
+from antwort_grpc import event_loop, pb
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.executors.base import FunctionExecutor, ProgressSink, ToolExecutor
 from antwort_grpc.ids import new_id
@@ -174,7 +174,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s gateway %(name)s: %(message)s")
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(args))
+        event_loop.run(_serve(args))
 
 
 if __name__ == "__main__":

@@ -5,10 +5,10 @@ policy. Prints `READY <port>`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 
+from antwort_grpc import event_loop
 from antwort_grpc.hooks import PolicyHook
 from antwort_grpc.hooks.server import serve_hook
 from antwort_grpc.hooks.service import POINTS
@@ -36,7 +36,7 @@ async def _serve() -> None:
 def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve())
+        event_loop.run(_serve())
 
 
 if __name__ == "__main__":

@@ -8,7 +8,12 @@ each file, so that what the inner loop leaves out can be read at a glance.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 import pytest
+
+from antwort_grpc import event_loop
 
 # Node id prefixes (as pytest prints them), and why each is heavy.
 HEAVY = {
@@ -30,3 +35,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.nodeid.startswith(tuple(HEAVY)):
             item.add_marker(heavy)
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> Mapping[str, Callable[[], Any]] | None:
+    """In-process servers and clients run on the event loop the service's processes run on
+    (ANTWORT_EVENT_LOOP, uvloop by default), so the suite tests the loop that ships."""
+    if event_loop.chosen() == "asyncio":
+        return None
+    import uvloop
+
+    return {"uvloop": uvloop.new_event_loop}

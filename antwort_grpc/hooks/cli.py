@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 from typing import Any
 
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
+from antwort_grpc import event_loop
 from antwort_grpc.config import HookSettings
 from antwort_grpc.startup_errors import StartupError, bind_error, check_listen, is_bind_failure, settings_error
 
@@ -40,7 +40,7 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise StartupError(str(error)) from error
     try:
-        asyncio.run(run_hook(hook, settings.listen))
+        event_loop.run(run_hook(hook, settings.listen))
     except (RuntimeError, OSError) as error:
         if is_bind_failure(error) or str(error).startswith("cannot listen on"):
             raise bind_error(settings.listen, "--listen / ANTWORT_HOOK_LISTEN") from error

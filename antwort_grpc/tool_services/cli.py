@@ -7,7 +7,6 @@ its own flags in its parser function, listed in ROLES.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import logging
 import os
@@ -18,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
+from antwort_grpc import event_loop
 from antwort_grpc.config import ExecutorSettings
 from antwort_grpc.startup_errors import StartupError, bind_error, check_listen, is_bind_failure, settings_error
 from antwort_grpc.tool_services.sdk import ExecutorService, run_executor
@@ -62,7 +62,7 @@ def serve_role(settings: ExecutorSettings, service: ExecutorService) -> int:
     security.refuse_open_listen(settings.listen)
     check_listen(settings.listen, "--listen / ANTWORT_EXECUTOR_LISTEN")
     try:
-        asyncio.run(run_executor(service, settings.listen, security=security))
+        event_loop.run(run_executor(service, settings.listen, security=security))
     except (RuntimeError, OSError) as error:
         if is_bind_failure(error) or str(error).startswith("cannot listen on"):
             raise bind_error(settings.listen, "--listen / ANTWORT_EXECUTOR_LISTEN") from error
