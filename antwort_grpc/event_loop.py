@@ -35,7 +35,12 @@ def chosen(name: str | None = None) -> EventLoopName:
 
 def run(main: Coroutine[Any, Any, T], name: str | None = None) -> T:
     """asyncio.run on the chosen loop."""
-    if chosen(name) == "uvloop":
+    try:
+        which = chosen(name)
+    except StartupError:
+        main.close()  # never started: no "was never awaited" warning beside the one line
+        raise
+    if which == "uvloop":
         import uvloop
 
         return uvloop.run(main)

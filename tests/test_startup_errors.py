@@ -160,3 +160,10 @@ def test_the_executor_command_imports_examples_from_the_directory_it_runs_in() -
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.mark.parametrize("command", [["serve"], ["executor", "run", "examples.weather_executor:Weather"]])
+def test_an_unknown_event_loop_names_the_setting(command: list[str], script: Path) -> None:
+    extra = ["--script", str(script)] if command == ["serve"] else []
+    line = assert_one_line(run(*command, *extra, env={"ANTWORT_EVENT_LOOP": "trio"}), "ANTWORT_EVENT_LOOP", "trio")
+    assert "uvloop" in line

@@ -62,7 +62,7 @@ def serve_role(settings: ExecutorSettings, service: ExecutorService) -> int:
     security.refuse_open_listen(settings.listen)
     check_listen(settings.listen, "--listen / ANTWORT_EXECUTOR_LISTEN")
     try:
-        event_loop.run(run_executor(service, settings.listen, security=security))
+        event_loop.run(run_executor(service, settings.listen, security=security), service.event_loop)
     except (RuntimeError, OSError) as error:
         if is_bind_failure(error) or str(error).startswith("cannot listen on"):
             raise bind_error(settings.listen, "--listen / ANTWORT_EXECUTOR_LISTEN") from error

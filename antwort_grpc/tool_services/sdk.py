@@ -52,6 +52,8 @@ class ExecutorService:
 
     kind: pb.ToolKind = pb.ToolKind.TOOL_KIND_CUSTOM
     name: str = "executor"
+    # The event loop `antwort-grpc executor` runs it on: None for ANTWORT_EVENT_LOOP's.
+    event_loop: str | None = None
 
     async def list_tools(self) -> list[pb.ExecutorTool]:
         """The tools this service offers, as the model sees them."""

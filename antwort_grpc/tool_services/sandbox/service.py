@@ -92,6 +92,9 @@ class SandboxError(RuntimeError):
 class SandboxService(ExecutorService):
     kind = pb.ToolKind.TOOL_KIND_SANDBOX
     name = "sandbox"
+    # The standard loop: a call's process is started with asyncio's subprocess options (umask),
+    # which uvloop's lacks, and a process per call makes the loop's own cost immaterial.
+    event_loop = "asyncio"
 
     def __init__(self, settings: SandboxSettings | None = None) -> None:
         self.settings = settings or SandboxSettings()
