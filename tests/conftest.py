@@ -8,6 +8,7 @@ each file, so that what the inner loop leaves out can be read at a glance.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -37,12 +38,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(heavy)
 
 
-def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> Mapping[str, Callable[[], Any]] | None:
+# Test files whose own event loop stays the standard library's, and why.
+STANDARD_LOOP = {
+    "test_sandbox": "the sandbox service runs on the standard loop (SandboxService.event_loop)",
+    "test_cli_terminal.py": "drives tmux: under uvloop's child processes tmux now and then crashed",
+}
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> Mapping[str, Callable[[], Any]]:
     """In-process servers and clients run on the event loop the service's processes run on
-    (ANTWORT_EVENT_LOOP, uvloop by default), so the suite tests the loop that ships. The sandbox's
-    own tests run on the standard loop, the sandbox service's (SandboxService.event_loop)."""
-    if event_loop.chosen() == "asyncio" or item.path.name.startswith("test_sandbox"):
-        return None
+    (ANTWORT_EVENT_LOOP, uvloop by default), so the suite tests the loop that ships; the files in
+    STANDARD_LOOP excepted."""
+    if event_loop.chosen() == "asyncio" or item.path.name.startswith(tuple(STANDARD_LOOP)):
+        return {"asyncio": asyncio.new_event_loop}
     import uvloop
 
     return {"uvloop": uvloop.new_event_loop}

@@ -36,13 +36,16 @@ class Pane:
     def __init__(self, socket: str) -> None:
         self.socket = socket
 
-    async def tmux(self, *args: str) -> str:
+    async def tmux(self, *args: str, output: bool = True) -> str:
+        # Without output, no pipe: the tmux server that `new-session` starts would inherit it, and
+        # uvloop (unlike the standard loop) waits for every holder of the pipe to close it.
+        pipe = asyncio.subprocess.PIPE if output else asyncio.subprocess.DEVNULL
         process = await asyncio.create_subprocess_exec(
-            "tmux", "-L", self.socket, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+            "tmux", "-L", self.socket, *args, stdout=pipe, stderr=asyncio.subprocess.STDOUT
         )
         out, _ = await process.communicate()
         assert process.returncode == 0, out.decode()
-        return out.decode()
+        return out.decode() if out else ""
 
     async def keys(self, *keys: str) -> None:
         await self.tmux("send-keys", "-t", "client", *keys)
@@ -73,7 +76,7 @@ async def terminal(*args: str) -> AsyncIterator[Pane]:
     command = " ".join(
         shlex.quote(part) for part in ["env", "-i", *(f"{k}={v}" for k, v in env.items()), ANTWORT, *args]
     )
-    await pane.tmux("new-session", "-d", "-s", "client", "-x", "100", "-y", "40", f"{command}; echo EXIT=$?; sleep 600")
+    await pane.tmux("new-session", "-d", "-s", "client", "-x", "100", "-y", "40", f"{command}; echo EXIT=$?; sleep 600", output=False)
     try:
         yield pane
     finally:
