@@ -76,7 +76,18 @@ async def terminal(*args: str) -> AsyncIterator[Pane]:
     command = " ".join(
         shlex.quote(part) for part in ["env", "-i", *(f"{k}={v}" for k, v in env.items()), ANTWORT, *args]
     )
-    await pane.tmux("new-session", "-d", "-s", "client", "-x", "100", "-y", "40", f"{command}; echo EXIT=$?; sleep 600", output=False)
+    await pane.tmux(
+        "new-session",
+        "-d",
+        "-s",
+        "client",
+        "-x",
+        "100",
+        "-y",
+        "40",
+        f"{command}; echo EXIT=$?; sleep 600",
+        output=False,
+    )
     try:
         yield pane
     finally:
