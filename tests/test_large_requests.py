@@ -5,6 +5,7 @@ schemas in the worker process)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import grpc
@@ -12,6 +13,9 @@ import pytest
 
 from antwort_grpc import pb
 from antwort_grpc.engine import loop as engine_loop
+from antwort_grpc.providers.base import TurnRequest
+from antwort_grpc.providers.openai import request as request_module
+from antwort_grpc.providers.openai.request import build_body
 from antwort_grpc.providers.scripted import ScriptedProvider, Text
 from antwort_grpc.responses import schemas
 from tests.harness import collect, function_tool, output_text, running_gateway
@@ -129,3 +133,29 @@ async def test_a_large_request_runs_with_its_items_and_tools_made_off_the_event_
     assert sent.items[0].id == "msg_mine"
     assert all(item.id.startswith("msg_") for item in sent.items)
     assert len({item.id for item in sent.items}) == 300
+
+
+def test_a_body_of_many_messages_is_encoded_in_pieces_to_the_same_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The most messages one call into the JSON encoder was given: it holds the GIL throughout.
+    most: list[int] = [0]
+
+    class Counting:
+        loads = staticmethod(json.loads)
+
+        @staticmethod
+        def dumps(value: Any) -> str:
+            messages = value if isinstance(value, list) else (value or {}).get("messages") or []
+            most[0] = max(most[0], len(messages))
+            return json.dumps(value)
+
+    monkeypatch.setattr(request_module, "json", Counting)
+    items = list(long_items(3 * request_module.ENCODED_TOGETHER + 5, 20).items)
+    items[7].message.content[0].input_text.text = 'quotes " and "messages": null inside'
+    turn = TurnRequest(model='a "messages": null model', instructions="be brief", items=items, tools=[])
+    assert request_module.encode_body(turn, stream=True) == json.dumps(build_body(turn, stream=True)).encode()
+    assert most[0] == request_module.ENCODED_TOGETHER
+    tools = [tool.function for tool in unseen_tools(3, 2, tag="body")]
+    with_tools = TurnRequest(model="m", instructions="", items=items, tools=tools)
+    sent = json.loads(request_module.encode_body(with_tools, stream=False))
+    assert sent == build_body(with_tools, stream=False)
+    assert len(sent["messages"]) == len(items)
