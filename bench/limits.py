@@ -6,9 +6,11 @@ The request: `max_tools` function tools with distinct schemas as large as `max_s
 convert), and `max_input_items` input messages, about 8 MB on the wire. Against the bench
 backend (a short streamed answer) it reports:
 
-- the gateway's CPU seconds for one such request (the process's CPU-time clock, all threads);
+- the gateway's CPU seconds for one such request (the process's CPU-time clock, all threads, and
+  that of the worker process it starts for large requests);
 - four at once: how many finished, and the latency of gRPC health checks sent every 20 ms (from a
-  process of their own) while they ran (what a load balancer would see);
+  process of their own) while they ran (what a load balancer would see): the slowest, the 95th
+  percentile and the median, beside the same checks with nothing running (the host's own noise);
 - the gateway's resident memory before they were sent and at its peak (`--memory-budget` sets
   ANTWORT_MEMORY_BUDGET_BYTES: with `--concurrent 40`, what the requests refused admission cost).
 
@@ -39,7 +41,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from antwort_grpc import pb
 from antwort_grpc.responses.request_limits import DEFAULT_LIMITS, Limits
 from bench.backend import model_name
-from bench.procs import Child, spawn, spawn_command
+from bench.procs import Child, children, rss_bytes, spawn, spawn_command
 
 
 def schema(tool: int, size: int) -> dict[str, Any]:
@@ -134,6 +136,7 @@ async def measure(gateway: Child, request: pb.CreateResponseRequest, concurrent:
             "outcomes": outcomes if concurrent <= 8 else outcome_counts(outcomes),
             "rss_before_mib": rss_before / 2**20,
             "peak_rss_mib": gateway.peak_rss_bytes() / 2**20,
+            "worker_process_peak_rss_mib": sum(rss_bytes(child, "VmHWM") for child in children(gateway.pid)) / 2**20,
             "wall_s": wall,
             "cpu_s": cpu,
             "health_checks": len(latencies),

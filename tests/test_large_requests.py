@@ -6,12 +6,14 @@ schemas in the worker process)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from typing import Any
 
 import grpc
 import pytest
 
-from antwort_grpc import pb
+from antwort_grpc import offload, pb
 from antwort_grpc.engine import loop as engine_loop
 from antwort_grpc.providers.base import TurnRequest
 from antwort_grpc.providers.openai import request as request_module
@@ -159,3 +161,25 @@ def test_a_body_of_many_messages_is_encoded_in_pieces_to_the_same_text(monkeypat
     sent = json.loads(request_module.encode_body(with_tools, stream=False))
     assert sent == build_body(with_tools, stream=False)
     assert len(sent["messages"]) == len(items)
+
+
+def test_a_worker_process_that_died_is_replaced_and_the_schemas_are_still_checked() -> None:
+    def problems(tag: str) -> list[str]:
+        tools = unseen_tools(16, 300, tag=tag)
+        broken = tools[3].function.parameters
+        broken.fields["type"].string_value = "array"
+        found = schemas.parameters_problems(
+            [tool.function.parameters for tool in tools], max_bytes=64 * 1024, max_depth=20, in_worker=True
+        )
+        return [f"{n}: {problem}" for n, problem in enumerate(found) if problem]
+
+    assert problems("first") == ["3: the arguments schema must have type 'object'"]
+    process = offload._process
+    assert process is not None
+    for pid in list(process._processes):  # what a kill -9 or the OOM killer does
+        os.kill(pid, signal.SIGKILL)
+    # The schemas of the request that found it dead are checked all the same, in this thread...
+    assert problems("second") == ["3: the arguments schema must have type 'object'"]
+    # ...and the next large request has a new process.
+    assert problems("third") == ["3: the arguments schema must have type 'object'"]
+    assert offload._process is not None and offload._process is not process
