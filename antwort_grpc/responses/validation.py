@@ -140,6 +140,8 @@ def _check_item(item: pb.Item, at: str, v: list[FieldViolation]) -> None:
 
 def _check_tools(tools: Sequence[pb.Tool], limits: Limits, v: list[FieldViolation], in_worker: bool) -> set[str]:
     names: set[str] = set()
+    if not tools:
+        return names
     labels: set[str] = set()
     # Every schema at once: the unseen ones of a large request are checked together, elsewhere.
     schemas = [
