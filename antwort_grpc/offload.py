@@ -10,7 +10,7 @@ has a small, picklable boundary: checking schemas never seen before (bytes in, a
 text out; `responses/schemas.py`). In the worker thread the same walks would hold the gateway's
 GIL for about 0.2 s per request at the limits, 5 ms at a time, and the event loop would wait up
 to 5 ms for it at every step of every other call (docs/limits.md has the figures). The process
-is started on first use (about 0.3 s, once), `spawn`ed: gRPC's threads do not survive a fork
+is started on first use (about 1 s, once), `spawn`ed: gRPC's threads do not survive a fork
 (so it imports the program's main module again, as multiprocessing does: `antwort-grpc serve`
 and `python -m …` are safe)."""
 
