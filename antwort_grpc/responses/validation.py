@@ -8,7 +8,7 @@ the event loop (and every other stream) never waits on it.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from google.protobuf.duration_pb2 import Duration
 
@@ -140,18 +140,8 @@ def _check_item(item: pb.Item, at: str, v: list[FieldViolation]) -> None:
 
 def _check_tools(tools: Sequence[pb.Tool], limits: Limits, v: list[FieldViolation], in_worker: bool) -> set[str]:
     names: set[str] = set()
-    if not tools:
-        return names
     labels: set[str] = set()
-    # Every schema at once: the unseen ones of a large request are checked together, elsewhere.
-    schemas = [
-        t.function.parameters for t in tools if t.WhichOneof("kind") == "function" and t.function.HasField("parameters")
-    ]
-    problems = iter(
-        parameters_problems(
-            schemas, max_bytes=limits.max_schema_bytes, max_depth=limits.max_schema_depth, in_worker=in_worker
-        )
-    )
+    problems = _schema_problems(tools, limits, in_worker)
     for n, tool in enumerate(tools):
         at = f"tools[{n}]"
         kind = tool.WhichOneof("kind")
@@ -207,6 +197,20 @@ def _check_choice(
             if name not in names and not hosted:
                 problem = f"{shorten(name)!r} is not one of the request's tools"
                 v.append(FieldViolation(f"tool_choice.allowed_tools.tool_names[{n}]", problem))
+
+
+def _schema_problems(tools: Sequence[pb.Tool], limits: Limits, in_worker: bool) -> Iterator[str]:
+    """The problem ("" for none) of each function tool's `parameters`, in order: every schema at
+    once, so the unseen ones of a large request are checked together, elsewhere."""
+    if not tools:
+        return iter(())
+    schemas = [
+        t.function.parameters for t in tools if t.WhichOneof("kind") == "function" and t.function.HasField("parameters")
+    ]
+    problems = parameters_problems(
+        schemas, max_bytes=limits.max_schema_bytes, max_depth=limits.max_schema_depth, in_worker=in_worker
+    )
+    return iter(problems)
 
 
 def check_item(item: pb.Item, at: str, v: list[FieldViolation]) -> None:
