@@ -53,6 +53,8 @@ class GatewaySettings(BaseSettings):
     max_tools_bytes: int = Field(default=1024 * 1024, gt=0)
     max_input_items: int = 2048
     max_metadata: int = 16
+    # A request that starts a response, serialized (0: only the gRPC message limit, 32 MiB).
+    max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=0)
     response_ttl_seconds: float | None = None
     # Seconds between store upkeep: heartbeat, sweep of responses a dead replica left, TTL purge.
     store_maintenance_seconds: float = 5.0

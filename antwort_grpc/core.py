@@ -190,6 +190,7 @@ def request_limits(settings: GatewaySettings) -> Limits:
         max_tools_bytes=settings.max_tools_bytes,
         max_input_items=settings.max_input_items,
         max_metadata=settings.max_metadata,
+        max_request_bytes=settings.max_request_bytes,
     )
 
 

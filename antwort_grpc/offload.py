@@ -1,25 +1,41 @@
-"""The worker thread that takes the CPU-heavy steps of large requests off the event loop: parsing
-a request over 1 MiB, checking one with many tools or items, building its backend body.
+"""Where the CPU-heavy steps of large requests run instead of the event loop.
 
-One thread, not a pool: the work is Python holding the GIL, so more threads would not finish it
-sooner, and each one more is one more contender the event loop waits behind for the GIL between
-its own steps (health checks, every other stream's tokens). With four requests at the limits at
-once (`python -m bench.limits`), the slowest health check took 140-570 ms with this thread, and
-350-770 ms with asyncio's default pool, on the same host."""
+`off_loop`: one worker thread, for parsing a request over 1 MiB, checking one with many tools or
+items, building its backend body. One thread, not a pool: the work is Python holding the GIL, so
+more threads would not finish it sooner, and each one more is one more contender the event loop
+waits behind for the GIL between its own steps (health checks, every other stream's tokens).
+
+`in_process`: one worker process, for the part of that work that is pure Python walking data and
+has a small, picklable boundary: checking schemas never seen before (bytes in, a verdict and JSON
+text out; `responses/schemas.py`). In the worker thread the same walks would hold the gateway's
+GIL for about 0.2 s per request at the limits, 5 ms at a time, and the event loop would wait up
+to 5 ms for it at every step of every other call (docs/limits.md has the figures). The process
+is started on first use (about 1 s, once), `spawn`ed: gRPC's threads do not survive a fork
+(so it imports the program's main module again, as multiprocessing does: `antwort-grpc serve`
+and `python -m …` are safe)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
 import functools
+import logging
+import multiprocessing
+import signal
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import ParamSpec, TypeVar
+
+log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="antwort-heavy")
+_process: ProcessPoolExecutor | None = None
+_process_lock = threading.Lock()
 
 
 async def off_loop(function: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -28,3 +44,36 @@ async def off_loop(function: Callable[P, T], /, *args: P.args, **kwargs: P.kwarg
     context = contextvars.copy_context()
     call = functools.partial(context.run, function, *args, **kwargs)
     return await asyncio.get_running_loop().run_in_executor(_worker, call)
+
+
+def in_process(function: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """`function(*args, **kwargs)` in the worker process, waited for here (the GIL free
+    meanwhile). Blocks: call it from the worker thread, never on the event loop. `function`, its
+    arguments and its result must pickle, and it must be pure: when the process has died (killed,
+    out of memory) it runs here instead, and the next call starts a new process."""
+    global _process
+    with _process_lock:
+        if _process is None:
+            _process = ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_process
+            )
+        process = _process
+    try:
+        return process.submit(function, *args, **kwargs).result()
+    except BrokenProcessPool:
+        log.warning("the worker process ended unexpectedly; a new one is started for the next large request")
+        with _process_lock:
+            if _process is process:
+                _process = None
+        process.shutdown(wait=False)
+        return function(*args, **kwargs)
+
+
+def _worker_process() -> None:
+    # Ctrl-C reaches the whole process group: the gateway shuts down, and ends this process.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def process_started() -> bool:
+    """Whether the worker process has been started (by a request large enough to need it)."""
+    return _process is not None

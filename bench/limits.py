@@ -6,9 +6,11 @@ The request: `max_tools` function tools with distinct schemas as large as `max_s
 convert), and `max_input_items` input messages, about 8 MB on the wire. Against the bench
 backend (a short streamed answer) it reports:
 
-- the gateway's CPU seconds for one such request (the process's CPU-time clock, all threads);
+- the gateway's CPU seconds for one such request (the process's CPU-time clock, all threads, and
+  that of the worker process it starts for large requests);
 - four at once: how many finished, and the latency of gRPC health checks sent every 20 ms (from a
-  process of their own) while they ran (what a load balancer would see);
+  process of their own) while they ran (what a load balancer would see): the slowest, the 95th
+  percentile and the median, beside the same checks with nothing running (the host's own noise);
 - the gateway's resident memory before they were sent and at its peak (`--memory-budget` sets
   ANTWORT_MEMORY_BUDGET_BYTES: with `--concurrent 40`, what the requests refused admission cost).
 
@@ -39,7 +41,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from antwort_grpc import pb
 from antwort_grpc.responses.request_limits import DEFAULT_LIMITS, Limits
 from bench.backend import model_name
-from bench.procs import Child, spawn, spawn_command
+from bench.procs import Child, children, rss_bytes, spawn, spawn_command
 
 
 def schema(tool: int, size: int) -> dict[str, Any]:
@@ -65,7 +67,7 @@ def _schema_bytes(limits: Limits) -> int:
     return min(limits.max_schema_bytes - 4096, together)
 
 
-def worst_request(model: str, item_chars: int, schema_bytes: int = 0) -> pb.CreateResponseRequest:
+def worst_request(model: str, item_chars: int, schema_bytes: int = 0, items: int = 0) -> pb.CreateResponseRequest:
     limits = DEFAULT_LIMITS
     request = pb.CreateResponseRequest(model=model, stream=True, store=False)
     for t in range(limits.max_tools):
@@ -73,7 +75,7 @@ def worst_request(model: str, item_chars: int, schema_bytes: int = 0) -> pb.Crea
         tool.function.name = f"tool_{t}"
         tool.function.parameters.update(schema(t, schema_bytes or _schema_bytes(limits)))
     text = "w" * item_chars
-    for i in range(limits.max_input_items):
+    for i in range(items or limits.max_input_items):
         item = request.input_items.items.add()
         item.message.role = pb.Role.ROLE_USER
         item.message.content.add().input_text.text = f"{i} {text}"
@@ -109,10 +111,11 @@ async def measure(gateway: Child, request: pb.CreateResponseRequest, concurrent:
         # One first, alone: its CPU seconds (after a warm-up that caches nothing of the next one,
         # whose schemas are renamed so no verdict is reused).
         await one(channel, renamed(request, "warm"), timeout)
-        cpu0 = gateway.cpu_seconds()
+        cpu0 = gateway.cpu_seconds_with_children()
         t0 = time.perf_counter()
         outcome = await one(channel, renamed(request, "alone"), timeout)
-        alone = {"outcome": outcome, "cpu_s": gateway.cpu_seconds() - cpu0, "wall_s": time.perf_counter() - t0}
+        cpu = gateway.cpu_seconds_with_children() - cpu0
+        alone = {"outcome": outcome, "cpu_s": cpu, "wall_s": time.perf_counter() - t0}
         # The same probes with nothing running: what the host's own load adds to every figure.
         async with probing(gateway) as idle:
             await asyncio.sleep(3)
@@ -120,11 +123,11 @@ async def measure(gateway: Child, request: pb.CreateResponseRequest, concurrent:
         rss_before = gateway.rss_bytes()
         async with probing(gateway) as latencies:
             await asyncio.sleep(0.2)
-            cpu0 = gateway.cpu_seconds()
+            cpu0 = gateway.cpu_seconds_with_children()
             t0 = time.perf_counter()
             outcomes = await asyncio.gather(*(one(channel, r, timeout) for r in requests))
             wall = time.perf_counter() - t0
-            cpu = gateway.cpu_seconds() - cpu0
+            cpu = gateway.cpu_seconds_with_children() - cpu0
     return {
         "request_bytes": request.ByteSize(),
         "alone": alone,
@@ -133,14 +136,26 @@ async def measure(gateway: Child, request: pb.CreateResponseRequest, concurrent:
             "outcomes": outcomes if concurrent <= 8 else outcome_counts(outcomes),
             "rss_before_mib": rss_before / 2**20,
             "peak_rss_mib": gateway.peak_rss_bytes() / 2**20,
+            "worker_process_peak_rss_mib": sum(rss_bytes(child, "VmHWM") for child in children(gateway.pid)) / 2**20,
             "wall_s": wall,
             "cpu_s": cpu,
             "health_checks": len(latencies),
             "health_max_ms": max(latencies) * 1000,
             "health_p50_ms": statistics.median(latencies) * 1000,
+            "health_p95_ms": percentile(latencies, 95) * 1000,
         },
-        "idle": {"health_checks": len(idle), "health_max_ms": max(idle) * 1000},
+        "idle": {
+            "health_checks": len(idle),
+            "health_max_ms": max(idle) * 1000,
+            "health_p95_ms": percentile(idle, 95) * 1000,
+        },
     }
+
+
+def percentile(values: list[float], p: int) -> float:
+    """The value `p` per cent of `values` are at or below (the nearest rank)."""
+    ranked = sorted(values)
+    return ranked[max(0, -(-len(ranked) * p // 100) - 1)]
 
 
 def outcome_counts(outcomes: list[str]) -> dict[str, int]:
@@ -212,7 +227,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             env_args.insert(1, "-P")
         gateway = await spawn_command("gateway", env_args, timeout=60)
         try:
-            request = worst_request(model_name(words=args.words), args.item_chars, args.schema_bytes)
+            request = worst_request(model_name(words=args.words), args.item_chars, args.schema_bytes, args.items)
             return await measure(gateway, request, args.concurrent, args.timeout)
         finally:
             await gateway.stop()
@@ -262,6 +277,7 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=30.0, help="each request's deadline, seconds")
     parser.add_argument("--words", type=int, default=20)
+    parser.add_argument("--items", type=int, default=0, help="input items (default: the most the limits admit)")
     parser.add_argument("--item-chars", type=int, default=3500, help="text of each input item (8 MB in all)")
     parser.add_argument(
         "--schema-bytes", type=int, default=0, help="each schema's size (default: the most the limits admit)"

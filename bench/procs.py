@@ -38,6 +38,10 @@ class Child:
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.pid)
 
+    def cpu_seconds_with_children(self) -> float:
+        """cpu_seconds, and that of the processes it started that still run (a worker process)."""
+        return cpu_seconds(self.pid) + sum(cpu_seconds(child) for child in children(self.pid))
+
     def rss_bytes(self) -> int:
         return rss_bytes(self.pid)
 
@@ -63,6 +67,16 @@ def cpu_seconds(pid: int) -> float:
         return time.clock_gettime((~pid << 3) | 2)
     except OSError:
         return _cpu_ticks(pid)
+
+
+def children(pid: int) -> list[int]:
+    """The processes `pid` started that still run, and theirs."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(child) for child in f.read().split()]
+    return found + [grandchild for child in found for grandchild in children(child)]
 
 
 def _cpu_ticks(pid: int) -> float:

@@ -46,6 +46,7 @@ from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.executors.base import ToolExecutor, current_deadline
 from antwort_grpc.hooks.dispatch import Dispatcher, HookFailed, HookRejected, HookRun
 from antwort_grpc.hooks.service import Point
+from antwort_grpc.offload import off_loop
 from antwort_grpc.providers.base import Provider, ProviderError, TurnRequest
 from antwort_grpc.storage.base import ResponseStore, StoredResponse
 
@@ -202,16 +203,17 @@ class Engine:
                 max_depth=self.config.history_max_depth,
                 max_bytes=self.config.history_max_bytes,
             )
-        items = input_items(request)
+        if _large(request):
+            # Copying its items and its tools into the Response: tens of milliseconds at the limits.
+            items, ending, tools_echoed, response = await off_loop(_made, request, model)
+        else:
+            items, ending, tools_echoed, response = _made(request, model)
         tools = await resolve_tools(request.tools, self.config.executors)
         choice = request.tool_choice if request.HasField("tool_choice") else None
         _check_choice_names(choice, tools)
         resumed, violations = continuation.resolve(history.items, history.model_calls, items, tools, choice)
         if violations:
             raise invalid_argument(violations)
-        ending = pb.StreamEvent()
-        tools_echoed = echoed_tools(request.tools) if request.tools else b""
-        response = new_response(request, model, within=ending, tools=tools_echoed)
         if response_id:
             response.id = response_id
         if request.truncation:
@@ -405,6 +407,26 @@ class _Turns(Step[FinalOutcome]):
                 return
         if resumed.handoff:
             self.end(RequiresAction(resumed.handoff))
+
+
+# A request with more tools or items than this has its pieces made in the worker thread.
+_LARGE_TOOLS = 8
+_LARGE_ITEMS = 256
+
+
+def _large(request: pb.CreateResponseRequest) -> bool:
+    if len(request.tools) > _LARGE_TOOLS:
+        return True
+    return request.WhichOneof("input") == "input_items" and len(request.input_items.items) > _LARGE_ITEMS
+
+
+def _made(request: pb.CreateResponseRequest, model: str) -> tuple[list[pb.Item], pb.StreamEvent, bytes, pb.Response]:
+    """The request's input items, and the Response it starts inside the event that will end it
+    (with its tools echoed as bytes)."""
+    items = input_items(request)
+    ending = pb.StreamEvent()
+    tools_echoed = echoed_tools(request.tools) if request.tools else b""
+    return items, ending, tools_echoed, new_response(request, model, within=ending, tools=tools_echoed)
 
 
 def _handed_out(outcome: FinalOutcome) -> tuple[list[pb.FunctionCall], list[pb.ApprovalRequest]]:

@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import jsonschema_rs
@@ -19,6 +20,7 @@ from google.protobuf import struct_pb2
 from jsonschema.validators import Draft4Validator, Draft6Validator, Draft7Validator, Draft201909Validator
 from jsonschema.validators import Draft202012Validator as Latest
 
+from antwort_grpc.offload import in_process
 from antwort_grpc.structs import digest, json_depth, remember, struct_to_dict
 
 log = logging.getLogger(__name__)
@@ -59,16 +61,47 @@ _lock = threading.Lock()
 
 def parameters_problem(parameters: struct_pb2.Struct, *, max_bytes: int, max_depth: int) -> str:
     """Why `parameters` cannot be a function's arguments schema ("" when it can)."""
-    data = parameters.SerializeToString(deterministic=True)
-    if len(data) > max_bytes:
-        return f"at most {max_bytes} bytes serialized (this one is {len(data)})"
-    key = (digest(data), max_depth)
-    with _lock:
-        verdict = _cache.get(key)
-        if verdict is not None:
-            _cache.move_to_end(key)
-            return verdict
-    verdict = _check(parameters, key[0], max_depth)
+    return parameters_problems([parameters], max_bytes=max_bytes, max_depth=max_depth)[0]
+
+
+# Schemas not seen before, this many bytes of them or more together, are checked in the worker
+# process when the caller may wait for it (`in_worker`): about 40 ms of Python walking them.
+IN_PROCESS_BYTES = 256 * 1024
+
+
+def parameters_problems(
+    schemas: Sequence[struct_pb2.Struct], *, max_bytes: int, max_depth: int, in_worker: bool = False
+) -> list[str]:
+    """parameters_problem of each of `schemas`. `in_worker`: the caller is the worker thread
+    (offload.off_loop), which may wait for the worker process to check many unseen ones."""
+    verdicts = [""] * len(schemas)
+    unseen: list[tuple[int, tuple[bytes, int], bytes]] = []
+    for n, parameters in enumerate(schemas):
+        data = parameters.SerializeToString(deterministic=True)
+        if len(data) > max_bytes:
+            verdicts[n] = f"at most {max_bytes} bytes serialized (this one is {len(data)})"
+            continue
+        key = (digest(data), max_depth)
+        with _lock:
+            verdict = _cache.get(key)
+            if verdict is not None:
+                _cache.move_to_end(key)
+                verdicts[n] = verdict
+                continue
+        unseen.append((n, key, data))
+    if in_worker and sum(len(data) for _, _, data in unseen) >= IN_PROCESS_BYTES:
+        found = in_process(check_serialized, [data for _, _, data in unseen], max_depth)
+        for (n, key, _), (verdict, text) in zip(unseen, found, strict=True):
+            if text:
+                remember(key[0], text)
+            verdicts[n] = _keep(key, verdict)
+    else:
+        for n, key, _ in unseen:
+            verdicts[n] = _keep(key, _check(schemas[n], key[0], max_depth))
+    return verdicts
+
+
+def _keep(key: tuple[bytes, int], verdict: str) -> str:
     with _lock:
         _cache[key] = verdict
         while len(_cache) > CACHE_SIZE:
@@ -76,19 +109,31 @@ def parameters_problem(parameters: struct_pb2.Struct, *, max_bytes: int, max_dep
     return verdict
 
 
+def check_serialized(schemas: list[bytes], max_depth: int) -> list[tuple[str, str]]:
+    """In the worker process: the verdict and the JSON text ("" when it has none) of each
+    serialized schema."""
+    return [_examine(struct_pb2.Struct.FromString(data), max_depth) for data in schemas]
+
+
 def _check(parameters: struct_pb2.Struct, key: bytes, max_depth: int) -> str:
+    verdict, text = _examine(parameters, max_depth)
+    if text:
+        # The model calls that send this schema take its JSON text from there.
+        remember(key, text)
+    return verdict
+
+
+def _examine(parameters: struct_pb2.Struct, max_depth: int) -> tuple[str, str]:
     try:
         schema = struct_to_dict(parameters)
     except ValueError as err:
         if "NaN" in str(err) or "Infinity" in str(err):
-            return "numbers must be finite (NaN and infinity are not JSON)"
-        return f"not JSON: {err}"
+            return "numbers must be finite (NaN and infinity are not JSON)", ""
+        return f"not JSON: {err}", ""
     text = json.dumps(schema)
-    # The model calls that send this schema take its JSON text from there.
-    remember(key, text)
     if json_depth(text) > max_depth:
-        return f"nested at most {max_depth} levels deep"
-    return schema_problem(schema)
+        return f"nested at most {max_depth} levels deep", text
+    return schema_problem(schema), text
 
 
 def schema_problem(schema: dict[str, object]) -> str:

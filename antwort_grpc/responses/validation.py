@@ -8,7 +8,7 @@ the event loop (and every other stream) never waits on it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterator, Sequence
 
 from google.protobuf.duration_pb2 import Duration
 
@@ -18,7 +18,7 @@ from antwort_grpc.errors import FieldViolation, invalid_argument, shorten
 from antwort_grpc.offload import off_loop
 from antwort_grpc.providers import coalesce
 from antwort_grpc.responses.request_limits import DEFAULT_LIMITS, MAX_ID_CHARS, Limits
-from antwort_grpc.responses.schemas import parameters_problem
+from antwort_grpc.responses.schemas import parameters_problems
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_LABEL_CHARS = 64
@@ -32,19 +32,23 @@ async def check_create(request: pb.CreateResponseRequest, limits: Limits = DEFAU
     """Raise INVALID_ARGUMENT with every problem of `request`, if it has any."""
     items = request.input_items.items if request.WhichOneof("input") == "input_items" else ()
     if len(request.tools) > _THREAD_TOOLS or len(items) > _THREAD_ITEMS:
-        violations = await off_loop(validate_create, request, limits)
+        violations = await off_loop(validate_create, request, limits, in_worker=True)
     else:
         violations = validate_create(request, limits)
     if violations:
         raise invalid_argument(violations)
 
 
-def validate_create(request: pb.CreateResponseRequest, limits: Limits = DEFAULT_LIMITS) -> list[FieldViolation]:
+def validate_create(
+    request: pb.CreateResponseRequest, limits: Limits = DEFAULT_LIMITS, *, in_worker: bool = False
+) -> list[FieldViolation]:
+    """Every problem of `request`. `in_worker`: called in the worker thread (offload.off_loop),
+    which may hand the checks of many unseen schemas to the worker process."""
     v: list[FieldViolation] = []
     check_id("model", request.model, v)
     check_id("previous_response_id", request.previous_response_id, v)
     _check_input(request, limits, v)
-    _check_request_tools(request, limits, v)
+    _check_request_tools(request, limits, v, in_worker)
     if request.HasField("max_output_tokens") and request.max_output_tokens <= 0:
         v.append(FieldViolation("max_output_tokens", "must be positive"))
     if request.HasField("temperature") and not 0.0 <= request.temperature <= 2.0:
@@ -64,7 +68,9 @@ def validate_create(request: pb.CreateResponseRequest, limits: Limits = DEFAULT_
     return v
 
 
-def _check_request_tools(request: pb.CreateResponseRequest, limits: Limits, v: list[FieldViolation]) -> None:
+def _check_request_tools(
+    request: pb.CreateResponseRequest, limits: Limits, v: list[FieldViolation], in_worker: bool
+) -> None:
     if len(request.tools) > limits.max_tools:
         # Not looked at one by one: that is the work the limit is there to bound.
         v.append(FieldViolation("tools", f"at most {limits.max_tools} tools (this request has {len(request.tools)})"))
@@ -73,7 +79,7 @@ def _check_request_tools(request: pb.CreateResponseRequest, limits: Limits, v: l
             FieldViolation("tools", f"at most {limits.max_tools_bytes} bytes serialized together (these are {size})")
         )
     else:
-        function_names = _check_tools(request.tools, limits, v)
+        function_names = _check_tools(request.tools, limits, v, in_worker)
         hosted = any(t.WhichOneof("kind") != "function" for t in request.tools)
         if request.HasField("tool_choice"):
             _check_choice(request.tool_choice, function_names, hosted, limits, v)
@@ -132,9 +138,10 @@ def _check_item(item: pb.Item, at: str, v: list[FieldViolation]) -> None:
         check_id(f"{at}.function_call_output.call_id", item.function_call_output.call_id, v)
 
 
-def _check_tools(tools: Iterable[pb.Tool], limits: Limits, v: list[FieldViolation]) -> set[str]:
+def _check_tools(tools: Sequence[pb.Tool], limits: Limits, v: list[FieldViolation], in_worker: bool) -> set[str]:
     names: set[str] = set()
     labels: set[str] = set()
+    problems = _schema_problems(tools, limits, in_worker)
     for n, tool in enumerate(tools):
         at = f"tools[{n}]"
         kind = tool.WhichOneof("kind")
@@ -148,9 +155,7 @@ def _check_tools(tools: Iterable[pb.Tool], limits: Limits, v: list[FieldViolatio
                 v.append(FieldViolation(f"{at}.function.name", f"duplicate tool name {name!r}"))
             names.add(name)
             if tool.function.HasField("parameters"):
-                problem = parameters_problem(
-                    tool.function.parameters, max_bytes=limits.max_schema_bytes, max_depth=limits.max_schema_depth
-                )
+                problem = next(problems)
                 if problem:
                     v.append(FieldViolation(f"{at}.function.parameters", problem))
         elif kind == "mcp":
@@ -192,6 +197,20 @@ def _check_choice(
             if name not in names and not hosted:
                 problem = f"{shorten(name)!r} is not one of the request's tools"
                 v.append(FieldViolation(f"tool_choice.allowed_tools.tool_names[{n}]", problem))
+
+
+def _schema_problems(tools: Sequence[pb.Tool], limits: Limits, in_worker: bool) -> Iterator[str]:
+    """The problem ("" for none) of each function tool's `parameters`, in order: every schema at
+    once, so the unseen ones of a large request are checked together, elsewhere."""
+    if not tools:
+        return iter(())
+    schemas = [
+        t.function.parameters for t in tools if t.WhichOneof("kind") == "function" and t.function.HasField("parameters")
+    ]
+    problems = parameters_problems(
+        schemas, max_bytes=limits.max_schema_bytes, max_depth=limits.max_schema_depth, in_worker=in_worker
+    )
+    return iter(problems)
 
 
 def check_item(item: pb.Item, at: str, v: list[FieldViolation]) -> None:

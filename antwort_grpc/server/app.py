@@ -138,6 +138,7 @@ async def start_gateway(
     admitting = Admitting(
         edge.admission.reserve,
         {"CreateResponse": EVERY_MESSAGE, "Converse": pb.ConverseRequest.CREATE_FIELD_NUMBER},
+        max_request_bytes=core.responses.limits.max_request_bytes,
     )
     interceptors: list[grpc.aio.ServerInterceptor] = []
     metrics = core.observability.metrics if core.observability is not None else None

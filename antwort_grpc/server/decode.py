@@ -56,10 +56,12 @@ class Admitting:
     """Which requests are admitted before they are parsed: `reserve` (Admission.reserve) is
     given the size of each message of a method in `methods` that starts a response: every
     message (EVERY_MESSAGE), or those with the top-level field of that number set (a Converse
-    message that is a create)."""
+    message that is a create). One larger than `max_request_bytes` (0: no limit) is refused
+    first, INVALID_ARGUMENT naming its largest field."""
 
     reserve: Callable[[int], Reservation]
     methods: Mapping[str, int]
+    max_request_bytes: int = 0
 
     def starts_response(self, method: str, raw: bytes) -> bool:
         field = self.methods.get(method)
@@ -72,16 +74,58 @@ class _Admit:
     """The admission of one method's messages before they are parsed: the reservation for one
     that starts a response (None for one that does not)."""
 
-    __slots__ = ("admitting", "method")
+    __slots__ = ("admitting", "descriptor", "method")
 
-    def __init__(self, admitting: Admitting, method: str) -> None:
+    def __init__(self, admitting: Admitting, method: str, descriptor: Descriptor | None = None) -> None:
         self.admitting = admitting
         self.method = method
+        self.descriptor = descriptor
 
     def __call__(self, raw: bytes) -> Reservation | None:
-        if not self.admitting.starts_response(self.method, raw):
+        admitting = self.admitting
+        if not admitting.starts_response(self.method, raw):
             return None
-        return self.admitting.reserve(len(raw))
+        if admitting.max_request_bytes and len(raw) > admitting.max_request_bytes:
+            raise too_large(raw, admitting.max_request_bytes, self.descriptor)
+        return admitting.reserve(len(raw))
+
+
+def too_large(raw: bytes, limit: int, descriptor: Descriptor | None) -> RequestError:
+    """INVALID_ARGUMENT for a request past the size limit, naming the field that holds most of
+    its bytes (found by reading the framing, not by parsing it)."""
+    where = (largest_field(raw, descriptor) if descriptor is not None else "") or "request"
+    problem = f"the request is {len(raw)} bytes serialized, at most {limit} (ANTWORT_MAX_REQUEST_BYTES)"
+    return invalid_argument([FieldViolation(where, problem)])
+
+
+def largest_field(raw: bytes | memoryview, descriptor: Descriptor, depth: int = 0) -> str:
+    """The path to the field of `raw` that holds the most bytes, three levels down at most (a
+    Converse message's `create.input_items.items`), not into a repeated field; "" when the
+    framing cannot be read."""
+    sizes: dict[int, int] = {}
+    payloads: dict[int, tuple[int, int]] = {}
+    at = 0
+    while at < len(raw):
+        number, start, end = next_field(raw, at)  # type: ignore[arg-type]
+        if number < 0 or end < 0 or end > len(raw):
+            break
+        sizes[number] = sizes.get(number, 0) + end - at
+        if start >= 0:
+            payloads[number] = (start, end)
+        at = end
+    if not sizes:
+        return ""
+    number = max(sizes, key=sizes.__getitem__)
+    field = descriptor.fields_by_number.get(number)
+    if field is None:
+        return ""
+    inner = field.message_type
+    if depth < 2 and not field.is_repeated and inner is not None and inner.full_name not in _OPAQUE:
+        start, end = payloads.get(number, (0, 0))
+        below = largest_field(memoryview(raw)[start:end], inner, depth + 1)
+        if below:
+            return f"{field.name}.{below}"
+    return field.name
 
 
 class EventMessage:
@@ -138,11 +182,19 @@ def add_parsing_servicer(
     capture = _Capture()
     add(servicer, capture)
     handlers = {
-        name: _parsing(handler, _teller(refused, name), _Admit(admitting, name) if admitting is not None else None)
+        name: _parsing(
+            handler, _teller(refused, name), _Admit(admitting, name, _descriptor(handler)) if admitting else None
+        )
         for name, handler in capture.handlers.items()
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(capture.service, handlers),))
     server.add_registered_method_handlers(capture.service, handlers)
+
+
+def _descriptor(handler: Any) -> Descriptor | None:
+    message_class = getattr(handler.request_deserializer, "__self__", None)
+    descriptor = getattr(message_class, "DESCRIPTOR", None)
+    return descriptor if isinstance(descriptor, Descriptor) else None
 
 
 def _teller(refused: Refused | None, method: str) -> Callable[[RequestError], None] | None:
