@@ -20,8 +20,11 @@ from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.grpc_status import abort
 from antwort_grpc.hooks.service import Caller
 from antwort_grpc.responses.controls import validate_control
+from antwort_grpc.responses.durable import idempotency_key
 from antwort_grpc.responses.service import Responses, rejection
+from antwort_grpc.server import durable_rpc
 from antwort_grpc.server.decode import EventMessage, request_bytes, reservation
+from antwort_grpc.server.durable_rpc import wants_durable
 
 # grpc ships no type information: the servicer context is untyped.
 Context: TypeAlias = Any
@@ -53,6 +56,10 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
         self, request: pb.CreateResponseRequest, context: Context
     ) -> AsyncIterator[EventMessage]:  # a CreateResponseResponse on the wire
         metadata = context.invocation_metadata() or ()
+        if wants_durable(request, metadata):
+            async for message in self._durable_create(request, context, metadata):
+                yield message
+            return
         try:
             async with self.edge.stream("CreateResponse", current_identity.get(), metadata) as watch:
                 # Admitted before its request was parsed (the reservation taken over), else now.
@@ -82,6 +89,51 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
                         watch.ended()
                     finally:
                         await events.aclose()
+        except RequestError as err:
+            await abort(context, err)
+
+    async def _durable_create(
+        self, request: pb.CreateResponseRequest, context: Context, metadata: Any
+    ) -> AsyncIterator[EventMessage]:
+        """A background create, or one with an idempotency key (server/durable_rpc.py)."""
+        try:
+            async with self.edge.stream("CreateResponse", current_identity.get(), metadata) as watch:
+                durable = self.responses.durable
+                if durable is None:
+                    raise durable_rpc.unavailable()
+                with self.edge.response(request_bytes.get() or request.ByteSize(), reservation.get()):
+                    messages = durable_rpc.durable_create(
+                        durable,
+                        request,
+                        owner=owner_of(context),
+                        key=idempotency_key(metadata),
+                        timeout=context.time_remaining(),
+                        caller=caller_of(context) if self.responses.hooked else None,
+                        watch=watch,
+                    )
+                    async with contextlib.aclosing(messages):
+                        async for message in messages:
+                            yield message
+                watch.ended()
+        except RequestError as err:
+            await abort(context, err)
+
+    async def AttachResponse(
+        self, request: pb.AttachResponseRequest, context: Context
+    ) -> AsyncIterator[EventMessage]:  # an AttachResponseResponse on the wire
+        metadata = context.invocation_metadata() or ()
+        try:
+            async with self.edge.stream("AttachResponse", current_identity.get(), metadata) as watch:
+                durable = self.responses.durable
+                if durable is None:
+                    raise durable_rpc.unavailable()
+                messages = durable_rpc.attached(
+                    durable, request.response_id, owner_of(context), request.starting_after, watch
+                )
+                async with contextlib.aclosing(messages):
+                    async for message in messages:
+                        yield message
+                watch.ended()
         except RequestError as err:
             await abort(context, err)
 

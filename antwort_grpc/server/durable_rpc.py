@@ -1,0 +1,97 @@
+"""The gRPC side of durable creates (responses/durable.py): a background or idempotent
+CreateResponse, and AttachResponse. Events read from the log go out as the bytes the log holds."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import grpc
+
+from antwort_grpc import pb
+from antwort_grpc.edge import Watch
+from antwort_grpc.engine.run import Run
+from antwort_grpc.errors import RequestError
+from antwort_grpc.hooks.service import Caller
+from antwort_grpc.responses.durable import IDEMPOTENCY_KEY, Durability, snapshot
+from antwort_grpc.server.decode import EventMessage
+
+# Stands in for the event of a message written from its bytes (EventMessage writes `wire`).
+_FROM_WIRE = pb.StreamEvent()
+
+
+def wants_durable(request: pb.CreateResponseRequest, metadata: Any) -> bool:
+    """Whether a create goes the durable way: background, or an idempotency key."""
+    return request.background or (bool(metadata) and any(entry[0] == IDEMPOTENCY_KEY for entry in metadata))
+
+
+def unavailable() -> RequestError:
+    return RequestError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "this gateway's store keeps no event log: background responses and idempotency keys need the "
+        "memory, SQLite or PostgreSQL store",
+        reason="durable_unavailable",
+    )
+
+
+async def durable_create(
+    durable: Durability,
+    request: pb.CreateResponseRequest,
+    *,
+    owner: str,
+    key: str | None,
+    timeout: float | None,
+    caller: Caller | None,
+    watch: Watch,
+) -> AsyncGenerator[EventMessage, None]:
+    begun = await durable.begin(request, owner=owner, key=key, timeout=timeout, caller=caller)
+    if begun.run is not None and begun.runner is None:
+        # An idempotent create that is not background: the connection owns it, as any create.
+        async for message in owned(begun.run, request.stream, watch):
+            yield message
+        return
+    if begun.runner is not None and not request.stream:
+        event, wire = await begun.runner.first
+        watch.saw(event)
+        yield EventMessage(event, wire)
+        return
+    if request.stream and begun.logged:
+        async for message in attached(durable, begun.response_id, owner, 0, watch):
+            yield message
+        return
+    # A retried non-streaming create, or one that is not background: the response as stored (it
+    # ended, for one that is not background: its retry waits for that).
+    if begun.logged:
+        record = await durable.responses.store.get(begun.response_id, owner)
+        response = record.response if record is not None else pb.Response()
+    else:
+        response = await durable.ended(begun.response_id, owner)
+    event = snapshot(response)
+    watch.saw(event)
+    yield EventMessage(event)
+
+
+async def owned(run: Run, stream: bool, watch: Watch) -> AsyncGenerator[EventMessage, None]:
+    events = run.events()
+    try:
+        last = None
+        async for event in events:
+            watch.saw(event)
+            if stream:
+                yield EventMessage(event, run.take_wire(event))
+            last = event
+        if not stream and last is not None:
+            yield EventMessage(last, run.take_wire(last))
+    finally:
+        await events.aclose()
+
+
+async def attached(
+    durable: Durability, response_id: str, owner: str, starting_after: int, watch: Watch
+) -> AsyncGenerator[EventMessage, None]:
+    """The log's events after `starting_after`, to the terminal one (checked first)."""
+    await durable.attach_check(response_id, owner, starting_after)
+    async for _seq, data in durable.follow(response_id, owner, starting_after):
+        if watch.observing:
+            watch.saw(pb.StreamEvent.FromString(data))
+        yield EventMessage(_FROM_WIRE, data)

@@ -1,0 +1,199 @@
+"""Background responses, re-attaching and idempotency keys on one gateway (the memory store and
+the fake OpenAI-compatible backend); replicas and crashes are in tests/storage/test_durable_runs.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from antwort_grpc import pb
+from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
+from antwort_grpc.storage.memory import MemoryStore
+from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply
+from tests.harness import (
+    GatewayClient,
+    assert_valid_stream,
+    collect,
+    kinds,
+    output_text,
+    response_of,
+    running_gateway,
+    user,
+)
+
+S = pb.ResponseStatus
+SLOW = Reply(text="word " * 60, delay=0.02)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as backend:
+        yield backend
+
+
+@pytest.fixture
+async def gw(fake: FakeOpenAI) -> AsyncIterator[GatewayClient]:
+    provider = OpenAICompatProvider(BackendConfig(base_url=fake.url, model="fake-model"))
+    async with running_gateway(provider=provider, store=MemoryStore()) as client:
+        yield client
+    await provider.aclose()
+
+
+def background(text: str, *, stream: bool = False) -> pb.CreateResponseRequest:
+    request = user(text)
+    request.background = True
+    request.stream = stream
+    return request
+
+
+async def poll_until_ended(gw: GatewayClient, response_id: str) -> pb.Response:
+    async with asyncio.timeout(20):
+        while True:
+            reply = await gw.stub.GetResponse(pb.GetResponseRequest(response_id=response_id))
+            if reply.response.status not in (S.RESPONSE_STATUS_QUEUED, S.RESPONSE_STATUS_IN_PROGRESS):
+                return reply.response  # type: ignore[no-any-return]
+            await asyncio.sleep(0.02)
+
+
+async def attach(gw: GatewayClient, response_id: str, after: int = 0) -> list[pb.StreamEvent]:
+    request = pb.AttachResponseRequest(response_id=response_id, starting_after=after)
+    return await collect(gw.stub.AttachResponse(request, timeout=20))
+
+
+async def status_of(call: object) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await collect(call)
+    return raised.value
+
+
+async def test_a_background_create_returns_at_once_in_progress_and_completes(
+    fake: FakeOpenAI, gw: GatewayClient
+) -> None:
+    fake.add(Reply(text="Done in the background.", first_delay=0.3))
+    messages = await collect(gw.stub.CreateResponse(background("work")))
+    assert kinds(messages) == ["created"]
+    started = response_of(messages[0])
+    assert started.status in (S.RESPONSE_STATUS_QUEUED, S.RESPONSE_STATUS_IN_PROGRESS)
+    done = await poll_until_ended(gw, started.id)
+    assert done.status == S.RESPONSE_STATUS_COMPLETED
+    assert output_text(done) == "Done in the background."
+
+
+async def test_dropping_a_background_stream_does_not_cancel_it_and_attach_reads_the_rest(
+    fake: FakeOpenAI, gw: GatewayClient
+) -> None:
+    fake.add(SLOW)
+    call = gw.stub.CreateResponse(background("talk", stream=True))
+    seen: list[pb.StreamEvent] = []
+    async for message in call:
+        seen.append(message.event)
+        if len(seen) == 8:
+            break
+    call.cancel()
+    rest = await attach(gw, response_of(seen[0]).id, after=8)
+    assert [e.sequence_number for e in rest] == list(range(9, 9 + len(rest)))
+    assert_valid_stream(seen + rest)
+    assert response_of(rest[-1]).status == S.RESPONSE_STATUS_COMPLETED
+    # After the end, within retention, the whole log is still there.
+    assert await attach(gw, response_of(seen[0]).id) == seen + rest
+
+
+async def test_cancel_stops_a_background_run_and_cancelling_again_returns_it(
+    fake: FakeOpenAI, gw: GatewayClient
+) -> None:
+    fake.add(Reply(text="word " * 400, delay=0.02))
+    started = response_of((await collect(gw.stub.CreateResponse(background("long"))))[0])
+    first = await gw.stub.CancelResponse(pb.CancelResponseRequest(response_id=started.id))
+    assert first.response.status == S.RESPONSE_STATUS_CANCELLED
+    again = await gw.stub.CancelResponse(pb.CancelResponseRequest(response_id=started.id))
+    assert again.response == first.response
+    events = await attach(gw, started.id)
+    assert_valid_stream(events)
+    assert kinds(events)[-1] == "cancelled"
+
+
+async def test_background_without_store_is_invalid(gw: GatewayClient) -> None:
+    request = background("x")
+    request.store = False
+    error = await status_of(gw.stub.CreateResponse(request))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "background" in (error.details() or "")
+
+
+async def test_attach_to_an_unknown_response_is_not_found(gw: GatewayClient) -> None:
+    error = await status_of(gw.stub.AttachResponse(pb.AttachResponseRequest(response_id="resp_nope")))
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_attach_beyond_the_log_is_out_of_range(fake: FakeOpenAI, gw: GatewayClient) -> None:
+    fake.add(Reply(text="short"))
+    started = response_of((await collect(gw.stub.CreateResponse(background("x"))))[0])
+    await poll_until_ended(gw, started.id)
+    events = await attach(gw, started.id)
+    error = await status_of(
+        gw.stub.AttachResponse(pb.AttachResponseRequest(response_id=started.id, starting_after=len(events) + 1))
+    )
+    assert error.code() == grpc.StatusCode.OUT_OF_RANGE
+    assert str(len(events)) in (error.details() or "")
+
+
+async def test_attach_to_a_response_that_was_not_background_says_only_the_final_response_is_left(
+    fake: FakeOpenAI, gw: GatewayClient
+) -> None:
+    fake.add(Reply(text="plain"))
+    done = await gw.create(user("plain"))
+    error = await status_of(gw.stub.AttachResponse(pb.AttachResponseRequest(response_id=done.id)))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "GetResponse" in (error.details() or "")
+
+
+async def test_a_retried_create_with_the_same_idempotency_key_is_one_response_and_one_backend_request(
+    fake: FakeOpenAI, gw: GatewayClient
+) -> None:
+    fake.add(Reply(text="once"))
+    key = (("idempotency-key", "order-7f3a"),)
+    request = background("charge the card")
+    first = await collect(gw.stub.CreateResponse(request, metadata=key))
+    second = await collect(gw.stub.CreateResponse(request, metadata=key))
+    response_id = response_of(first[0]).id
+    assert response_of(second[0]).id == response_id
+    done = await poll_until_ended(gw, response_id)
+    streamed = pb.CreateResponseRequest()
+    streamed.CopyFrom(request)
+    streamed.stream = True
+    replayed = await collect(gw.stub.CreateResponse(streamed, metadata=key))
+    assert_valid_stream(replayed)
+    assert response_of(replayed[-1]) == done
+    assert len(fake.chat_requests) == 1
+
+
+async def test_the_same_idempotency_key_with_another_request_is_refused_naming_the_key(
+    fake: FakeOpenAI, gw: GatewayClient
+) -> None:
+    fake.add(Reply(text="once"))
+    key = (("idempotency-key", "k-1"),)
+    await collect(gw.stub.CreateResponse(background("one"), metadata=key))
+    error = await status_of(gw.stub.CreateResponse(background("two"), metadata=key))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "'k-1'" in (error.details() or "")
+
+
+async def test_a_malformed_idempotency_key_is_invalid(gw: GatewayClient) -> None:
+    error = await status_of(gw.stub.CreateResponse(background("x"), metadata=(("idempotency-key", "has space"),)))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "idempotency-key" in (error.details() or "")
+
+
+async def test_a_retried_plain_create_with_a_key_returns_the_first_ones_final_response(
+    fake: FakeOpenAI, gw: GatewayClient
+) -> None:
+    fake.add(Reply(text="the answer"))
+    key = (("idempotency-key", "plain-1"),)
+    request = user("question")
+    first = await collect(gw.stub.CreateResponse(request, metadata=key))
+    second = await collect(gw.stub.CreateResponse(request, metadata=key))
+    assert response_of(second[0]) == response_of(first[0])
+    assert len(fake.chat_requests) == 1
