@@ -43,6 +43,9 @@ class Superseded:
     items: dict[int, pb.Item] = field(default_factory=dict)
     # Indexes of those whose output_item_done was never logged.
     still_open: list[int] = field(default_factory=list)
+    # Turns the lost replica started after the checkpoint: they count (their model calls were
+    # made), so turn numbers go on increasing.
+    turns: int = 0
 
 
 def superseded_items(tail: list[bytes], first_index: int) -> Superseded:
@@ -52,7 +55,9 @@ def superseded_items(tail: list[bytes], first_index: int) -> Superseded:
     for data in tail:
         event = pb.StreamEvent.FromString(data)
         which = event.WhichOneof("event")
-        if which == "output_item_added" and event.output_item_added.output_index >= first_index:
+        if which == "turn_started":
+            found.turns += 1
+        elif which == "output_item_added" and event.output_item_added.output_index >= first_index:
             found.items.setdefault(event.output_item_added.output_index, event.output_item_added.item)
         elif which == "output_item_done" and event.output_item_done.output_index >= first_index:
             found.items[event.output_item_done.output_index] = event.output_item_done.item

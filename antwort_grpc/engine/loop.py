@@ -161,7 +161,7 @@ class Engine:
             continuation=durable.interrupted_calls(seen, tools),
         )
         run = Run(request, response, setup)
-        run.restore(resumed.turn, resumed.round)
+        run.restore(resumed.turn + superseded.turns, resumed.round)
         emitter = run.emitter
         if resumed.last_sequence_number:
             # Lost before its first event was logged: it starts as any response does.
