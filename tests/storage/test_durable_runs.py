@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -22,7 +21,8 @@ from antwort_grpc import pb
 from antwort_grpc.executors.base import ProgressSink
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply, ScriptedToolCall
 from antwort_grpc.tool_services.sdk import ExecutorService, function_tool, serve_executor, text_result
-from tests.harness import assert_valid_stream, function_tool as request_tool, kinds, response_of, user
+from tests.harness import assert_valid_stream, kinds, response_of, user
+from tests.harness import function_tool as request_tool
 from tests.storage.conftest import empty_database
 from tests.storage.processes import GatewayProcess, gateway_process, get
 
@@ -47,6 +47,10 @@ class RoutedFake(FakeOpenAI):
 
     def _take(self) -> Reply | None:
         return self.route(_body.get())
+
+
+def output_text_of(item: pb.Item) -> str:
+    return "".join(part.output_text.text for part in item.message.content)
 
 
 def first_text(body: dict[str, Any]) -> str:
@@ -82,7 +86,21 @@ class Tools(ExecutorService):
         return text_result(f"{call.name} done")
 
 
-def route_while(killed: asyncio.Event) -> Callable[[dict[str, Any]], Reply]:
+class Holding:
+    """How many plain runs' model streams are held mid-turn."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.changed = asyncio.Event()
+
+    async def reach(self, count: int) -> None:
+        async with asyncio.timeout(20):
+            while self.count < count:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+def route_while(killed: asyncio.Event, holding: Holding) -> Callable[[dict[str, Any]], Reply]:
     """Plain runs stream slowly (and hold) until the kill, then answer at once; tool runs call
     their tool first, then answer what the tool said."""
 
@@ -95,6 +113,8 @@ def route_while(killed: asyncio.Event) -> Callable[[dict[str, Any]], Reply]:
                 return Reply(tool_calls=[ScriptedToolCall(name=name, arguments="{}", id=f"call_{name}")])
             return Reply(text=f"the tool said: {answers[0]}")
         if not killed.is_set():
+            holding.count += 1
+            holding.changed.set()
             return Reply(text="slow " * 50, hold_at=3)
         return Reply(text=f"answer to {text}")
 
@@ -184,11 +204,11 @@ async def test_a_stream_dropped_on_one_replica_is_read_on_from_the_other_exactly
 async def test_kill_9_of_the_replica_running_20_background_runs_leaves_them_all_completed_on_the_survivor(
     postgres_admin_url: str,
 ) -> None:
-    killed = asyncio.Event()
+    killed, holding = asyncio.Event(), Holding()
     tools = Tools()
     async with AsyncExitStack() as stack:
         url = await stack.enter_async_context(empty_database(postgres_admin_url))
-        fake = await stack.enter_async_context(RoutedFake(route_while(killed)))
+        fake = await stack.enter_async_context(RoutedFake(route_while(killed, holding)))
         target = await stack.enter_async_context(executor(tools))
         env = {**FAST, "ANTWORT_EXECUTORS": target}
         a = await stack.enter_async_context(gateway_process(url, fake.url, **env))
@@ -199,8 +219,9 @@ async def test_kill_9_of_the_replica_running_20_background_runs_leaves_them_all_
         attached = [Attached(b, response_id) for response_id in ids]
         async with asyncio.timeout(20):
             await tools.started.wait()
-            while fake.in_flight < 18:
-                await asyncio.sleep(0.02)
+        await holding.reach(18)
+        # Held streams have sent their first deltas: the log has items the resumed runs supersede.
+        await asyncio.sleep(0.3)
         a.kill()
         killed.set()
         tools.free.set()
@@ -216,17 +237,22 @@ async def test_kill_9_of_the_replica_running_20_background_runs_leaves_them_all_
         charged = ended[18]
         outputs = [i.function_call_output for i in charged.output if i.WhichOneof("kind") == "function_call_output"]
         assert len(outputs) == 1 and outputs[0].is_error and "interrupted" in outputs[0].output
-        recovered = [e for e in streams[0] if kinds([e]) == ["recovered"]][0].recovered
-        assert recovered.reason == "replica_lost"
+        recovered = next(e for e in streams[0] if kinds([e]) == ["recovered"]).recovered
+        assert recovered.reason == "replica_lost" and recovered.from_turn == 0
+        # What the lost replica had begun stays, incomplete; the model's answer made again follows.
+        superseded, answer = ended[0].output
+        assert superseded.status == pb.ItemStatus.ITEM_STATUS_INCOMPLETE
+        assert output_text_of(answer) == "answer to plain 0"
 
 
 async def test_a_rolling_restart_under_50_background_runs_completes_all_50(postgres_admin_url: str) -> None:
-    route = lambda body: Reply(text="step " * 20, delay=0.05)  # noqa: E731
+    # Each run takes about 3 s, longer than the shutdown grace.
+    route = lambda body: Reply(text="step " * 60, delay=0.05)  # noqa: E731
     async with AsyncExitStack() as stack:
         url = await stack.enter_async_context(empty_database(postgres_admin_url))
         fake = await stack.enter_async_context(RoutedFake(route))
         # Long leases: only the handover on SIGTERM can move the runs in time.
-        env = {"ANTWORT_BACKGROUND_LEASE_SECONDS": "60"}
+        env = {"ANTWORT_BACKGROUND_LEASE_SECONDS": "60", "ANTWORT_SHUTDOWN_GRACE": "0.5"}
         a_manager = gateway_process(url, fake.url, **env)
         a = await a_manager.__aenter__()
         b = await stack.enter_async_context(gateway_process(url, fake.url, **env))
@@ -249,14 +275,13 @@ async def test_a_rolling_restart_under_50_background_runs_completes_all_50(postg
 
 
 async def test_sqlite_kill_9_and_restart_resumes_the_background_runs(tmp_path: Path) -> None:
-    killed = asyncio.Event()
+    killed, holding = asyncio.Event(), Holding()
     store = f"sqlite:///{tmp_path / 'antwort.db'}"
-    async with RoutedFake(route_while(killed)) as fake:
+    async with RoutedFake(route_while(killed, holding)) as fake:
         async with gateway_process(store, fake.url, **FAST) as first:
             ids = [await start_background(first, background(f"plain {n}")) for n in range(3)]
-            async with asyncio.timeout(20):
-                while fake.in_flight < 3:
-                    await asyncio.sleep(0.02)
+            await holding.reach(3)
+            await asyncio.sleep(0.3)
             first.kill()
             await first.process.wait()
         killed.set()
@@ -266,7 +291,7 @@ async def test_sqlite_kill_9_and_restart_resumes_the_background_runs(tmp_path: P
             events = await Attached(second, ids[0]).finished()
             assert_valid_stream(events)
             assert "recovered" in kinds(events)
-            assert json.dumps([r.output[-1].message.content[0].output_text.text for r in ended])
+            assert [output_text_of(r.output[-1]) for r in ended] == [f"answer to plain {n}" for n in range(3)]
 
 
 async def test_attach_to_another_owners_or_an_unknown_response_is_not_found(tmp_path: Path) -> None:
