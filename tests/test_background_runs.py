@@ -12,6 +12,7 @@ import pytest
 from antwort_grpc import pb
 from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
 from antwort_grpc.storage.memory import MemoryStore
+from antwort_grpc.storage.options import StoreOptions
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply
 from tests.harness import (
     GatewayClient,
@@ -23,6 +24,7 @@ from tests.harness import (
     running_gateway,
     user,
 )
+from tests.storage.conftest import FakeClock
 
 S = pb.ResponseStatus
 SLOW = Reply(text="word " * 60, delay=0.02)
@@ -197,3 +199,35 @@ async def test_a_retried_plain_create_with_a_key_returns_the_first_ones_final_re
     second = await collect(gw.stub.CreateResponse(request, metadata=key))
     assert response_of(second[0]) == response_of(first[0])
     assert len(fake.chat_requests) == 1
+
+
+async def test_an_expired_event_log_says_what_is_left(fake: FakeOpenAI) -> None:
+    clock = FakeClock()
+    provider = OpenAICompatProvider(BackendConfig(base_url=fake.url, model="fake-model"))
+    store = MemoryStore(StoreOptions(clock=clock))
+    async with running_gateway(provider=provider, store=store, background_log_retention_seconds=60) as gw:
+        fake.add(Reply(text="kept a minute"))
+        started = response_of((await collect(gw.stub.CreateResponse(background("x"))))[0])
+        await poll_until_ended(gw, started.id)
+        clock.advance(59)
+        assert kinds(await attach(gw, started.id))[-1] == "completed"
+        clock.advance(2)
+        error = await status_of(gw.stub.AttachResponse(pb.AttachResponseRequest(response_id=started.id)))
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "expired" in (error.details() or "") and "final response" in (error.details() or "")
+        still = await gw.stub.GetResponse(pb.GetResponseRequest(response_id=started.id))
+        assert output_text(still.response) == "kept a minute"
+    await provider.aclose()
+
+
+async def test_a_log_over_its_size_cap_keeps_only_the_final_response_and_attach_says_so(fake: FakeOpenAI) -> None:
+    provider = OpenAICompatProvider(BackendConfig(base_url=fake.url, model="fake-model"))
+    async with running_gateway(provider=provider, store=MemoryStore(), background_log_max_bytes=2000) as gw:
+        fake.add(Reply(text="many words " * 100))
+        started = response_of((await collect(gw.stub.CreateResponse(background("x"))))[0])
+        done = await poll_until_ended(gw, started.id)
+        assert done.status == S.RESPONSE_STATUS_COMPLETED
+        error = await status_of(gw.stub.AttachResponse(pb.AttachResponseRequest(response_id=started.id)))
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "2000 bytes" in (error.details() or "") and "final response" in (error.details() or "")
+    await provider.aclose()
