@@ -25,6 +25,7 @@ from tests.harness import (
     user,
 )
 from tests.storage.conftest import FakeClock
+from tests.test_interactive_runs import Session, steer
 
 S = pb.ResponseStatus
 SLOW = Reply(text="word " * 60, delay=0.02)
@@ -231,3 +232,31 @@ async def test_a_log_over_its_size_cap_keeps_only_the_final_response_and_attach_
         assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "2000 bytes" in (error.details() or "") and "final response" in (error.details() or "")
     await provider.aclose()
+
+
+async def test_a_converse_session_attaches_to_a_background_run_and_steers_it(
+    fake: FakeOpenAI, gw: GatewayClient
+) -> None:
+    fake.add(Reply(text="I will use the US endpoint for this", hold_at=4), Reply(text="Using the EU endpoint."))
+    started = response_of((await collect(gw.stub.CreateResponse(background("deploy it"))))[0])
+    session = Session(gw)
+    await session.call.write(pb.ConverseRequest(attach=pb.AttachResponseRequest(response_id=started.id)))
+    await session.until("output_text_delta")
+    await fake.wait_held()
+    await session.send(steer("stop, use the EU endpoint instead"))
+    await session.until("input_injected")
+    fake.release()
+    terminal = await session.until("terminal")
+    await session.call.done_writing()
+    assert_valid_stream(session.events)
+    response = terminal.completed.response
+    assert output_text(response).endswith("Using the EU endpoint.")
+    assert "EU endpoint instead" in str(fake.chat_requests[-1]["messages"])
+
+
+async def test_a_converse_session_attaching_to_an_unknown_response_ends_not_found(gw: GatewayClient) -> None:
+    call = gw.stub.Converse()
+    await call.write(pb.ConverseRequest(attach=pb.AttachResponseRequest(response_id="resp_nope")))
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await call.read()
+    assert raised.value.code() == grpc.StatusCode.NOT_FOUND

@@ -17,7 +17,7 @@ from antwort_grpc.responses.durable import IDEMPOTENCY_KEY, Durability, snapshot
 from antwort_grpc.server.decode import EventMessage
 
 # Stands in for the event of a message written from its bytes (EventMessage writes `wire`).
-_FROM_WIRE = pb.StreamEvent()
+FROM_WIRE = pb.StreamEvent()
 
 
 def wants_durable(request: pb.CreateResponseRequest, metadata: Any) -> bool:
@@ -94,4 +94,4 @@ async def attached(
     async for _seq, data in durable.follow(response_id, owner, starting_after):
         if watch.observing:
             watch.saw(pb.StreamEvent.FromString(data))
-        yield EventMessage(_FROM_WIRE, data)
+        yield EventMessage(FROM_WIRE, data)

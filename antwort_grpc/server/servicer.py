@@ -217,8 +217,10 @@ class _Session:
         self.caller = caller_of(context)
         # What the reader hands over: the next response to start, the error that ends the stream
         # (a bad first message), or None once the client has stopped sending.
-        self.creates: asyncio.Queue[Create | RequestError | None] = asyncio.Queue()
+        self.creates: asyncio.Queue[Create | RequestError | pb.AttachResponseRequest | None] = asyncio.Queue()
         self.run: Run | None = None
+        # The response the session follows after an attach (its controls go there).
+        self.attached: str | None = None
         # Controls that came while the response was being started: delivered once it runs.
         self.early: list[pb.Control] | None = None
         # One write at a time: events from this task, rejections from the reader.
@@ -235,6 +237,10 @@ class _Session:
                     self.watch.refused(next_create)
                     await abort(self.context, next_create)
                     return
+                if isinstance(next_create, pb.AttachResponseRequest):
+                    await self._attach(next_create)
+                    first = False
+                    continue
                 request, size, reserved = next_create
                 request.stream = True  # a session always streams its events
                 try:
@@ -266,7 +272,29 @@ class _Session:
                 if isinstance(left, tuple) and left[2] is not None:
                     left[2].release()
 
-    async def _next(self, idle_timeout: float) -> Create | RequestError | None:
+    async def _attach(self, request: pb.AttachResponseRequest) -> None:
+        """Follow a response already running (its log), as a create's events would be."""
+        durable = self.responses.durable
+        try:
+            if durable is None:
+                raise durable_rpc.unavailable()
+            await durable.attach_check(request.response_id, self.owner, request.starting_after)
+        except RequestError as err:
+            self.attached = None
+            self.watch.refused(err)
+            await abort(self.context, err)
+            return
+        try:
+            async with contextlib.aclosing(
+                durable.follow(request.response_id, self.owner, request.starting_after)
+            ) as events:
+                async for _seq, data in events:
+                    async with self.writing:
+                        await self.context.write(EventMessage(durable_rpc.FROM_WIRE, data))
+        finally:
+            self.attached = None
+
+    async def _next(self, idle_timeout: float) -> Create | RequestError | pb.AttachResponseRequest | None:
         """What the reader hands over next; an idle_timeout error when nothing comes in time."""
         if not idle_timeout:
             return await self.creates.get()
@@ -322,13 +350,23 @@ class _Session:
                 which = message.WhichOneof("message")
                 if which != "create" and reserved is not None:
                     reserved.release()  # a create field, followed by another of the oneof
+                if first and which == "attach":
+                    self.attached = message.attach.response_id
+                    self.creates.put_nowait(message.attach)
+                    first = False
+                    continue
+                if which == "attach":
+                    await self._reject(
+                        invalid_argument([FieldViolation("attach", "only the first message of a session attaches")])
+                    )
+                    continue
                 if first and which != "create":
                     violation = FieldViolation("create", "the first message of a session starts a response")
                     self.creates.put_nowait(invalid_argument([violation]))
                     return
                 first = False
                 if which == "create":
-                    if self.run is not None or self.early is not None:
+                    if self.run is not None or self.early is not None or self.attached is not None:
                         if reserved is not None:
                             reserved.release()
                         await self._reject(_busy())
@@ -354,6 +392,10 @@ class _Session:
                 raise invalid_argument(violations)
             if self.run is None and self.early is not None:
                 self.early.append(control)
+                return
+            if self.run is None and self.attached is not None:
+                # Wherever the attached response runs (this replica or another).
+                await self.responses.control(self.attached, control, self.owner)
                 return
             if self.run is None:
                 raise RequestError(
