@@ -1,8 +1,8 @@
 """Durable runs (docs/durable-runs.md): what a background response pays, and how fast it moves.
 
 - `background_checkpoint_ms_per_turn_sqlite` / `_postgres`: the wall time a turn of a background
-  response waits for its checkpoint (the turn's events flushed to the log, then the Response of a
-  few KB and the counters written), through the store's RunLog, in this process. PostgreSQL is the
+  response waits for its checkpoint (the turn's events not yet written and the Response of a few
+  KB with the counters, in one write), through the RunLog, in this process. PostgreSQL is the
   tests' throwaway cluster (tests/pg.py: fsync off) unless ANTWORT_TEST_POSTGRES_URL names one.
 - `attach_first_event_ms_p50`: AttachResponse → its first replayed event, on a real
   `antwort-grpc serve` (SQLite) holding an ended background response.
@@ -55,8 +55,8 @@ async def _checkpoints(store: Any, turns: int) -> list[float]:
         events = [(seq + n + 1, b"x" * 60) for n in range(TURN_EVENTS)]
         seq += TURN_EVENTS
         started = time.perf_counter()
-        await log.append("resp_bench", events)
-        await log.checkpoint("resp_bench", Checkpoint(response, turn, 0, seq))
+        # As the runner writes a turn boundary: the events not yet written and the checkpoint.
+        await log.append("resp_bench", events, checkpoint=Checkpoint(response, turn, 0, seq))
         took.append((time.perf_counter() - started) * 1e3)
     return took
 

@@ -57,6 +57,9 @@ class Abandoned(BaseException):
     the loop does not record it as the response's failure)."""
 
 
+_Waiting = tuple[Checkpoint, "asyncio.Future[bool]"]
+
+
 class Runner:
     """One background run here: drives it, logs its events, checkpoints it."""
 
@@ -72,7 +75,8 @@ class Runner:
         # The last sequence number written to the log.
         self.written = 0
         self._wake = asyncio.Event()
-        self._flushed = asyncio.Event()
+        # Checkpoints waiting for the next write, and who waits for each.
+        self._checkpoints: list[_Waiting] = []
         # The first event (and its bytes), for a non-streaming create to answer with at once.
         self.first: asyncio.Future[tuple[pb.StreamEvent, bytes]] = asyncio.get_running_loop().create_future()
         self.task: asyncio.Task[None] | None = None
@@ -111,14 +115,15 @@ class Runner:
             await self._wake.wait()
             self._wake.clear()
             batch, self._pending = self._pending, []
+            checkpoints, self._checkpoints = self._checkpoints, []
             # The terminal event is the run's last: once it was made, it is in this batch or an
             # earlier one, and nothing follows it.
-            if batch and not await self._append(batch, self._ended):
+            if (batch or checkpoints) and not await self._append(batch, checkpoints):
                 return
             if self._closing and not self._pending:
                 return
 
-    async def _append(self, batch: list[tuple[int, bytes]], ended: bool) -> bool:
+    async def _append(self, batch: list[tuple[int, bytes]], checkpoints: list[_Waiting]) -> bool:
         size = sum(len(data) for _, data in batch)
         self._size += size
         if not self._truncated and self._size > self.settings.log_max_bytes:
@@ -126,17 +131,24 @@ class Runner:
             await self.runlog.truncate(self.response_id)
         try:
             held = await self.runlog.append(
-                self.response_id, batch, ended=ended, retention=self.settings.log_retention_seconds
+                self.response_id,
+                batch,
+                ended=self._ended,
+                retention=self.settings.log_retention_seconds,
+                checkpoint=checkpoints[-1][0] if checkpoints else None,
             )
-        except Exception:
+        except Exception as error:
             log.exception("background response %s: writing its events failed", self.response_id)
-            held = True  # the next write carries on; readers wait for what follows
+            for _, waiting in checkpoints:
+                waiting.set_exception(error)
+            return True  # the next write carries on; readers wait for what follows
+        for _, waiting in checkpoints:
+            waiting.set_result(held)
         if not held:
             self._lose()
             return False
-        self.written = batch[-1][0]
-        self._flushed.set()
-        self._flushed = asyncio.Event()
+        if batch:
+            self.written = batch[-1][0]
         return True
 
     def _lose(self) -> None:
@@ -149,12 +161,12 @@ class Runner:
                 self.task.cancel()
 
     async def save(self, run: Run) -> None:
-        """A checkpoint (engine/turn.py): the events so far are in the log first."""
-        target = run.emitter.sequence_number
-        while self.written < target and not self.lost:
-            await self._flushed.wait()
-        checkpoint = Checkpoint(run.response.SerializeToString(), run.turn, run.round, target)
-        if self.lost or not await self.runlog.checkpoint(self.response_id, checkpoint):
+        """A checkpoint (engine/turn.py), written with the events before it in one write."""
+        checkpoint = Checkpoint(run.response.SerializeToString(), run.turn, run.round, run.emitter.sequence_number)
+        waiting: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._checkpoints.append((checkpoint, waiting))
+        self._wake.set()
+        if self.lost or not await waiting:
             self._lose()
             raise Abandoned
 

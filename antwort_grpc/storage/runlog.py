@@ -87,9 +87,18 @@ class RunLog(Protocol):
         """A background run starts here, leased to this replica for `lease` seconds."""
         ...
 
-    async def append(self, response_id: str, events: Events, *, ended: bool = False, retention: float = 0) -> bool:
+    async def append(
+        self,
+        response_id: str,
+        events: Events,
+        *,
+        ended: bool = False,
+        retention: float = 0,
+        checkpoint: Checkpoint | None = None,
+    ) -> bool:
         """Add events (sequence number, bytes) in order; `ended` with the terminal one, after which
-        the log is kept `retention` seconds. False (and nothing written) when this replica no
+        the log is kept `retention` seconds; `checkpoint` is kept with them, in the same write (a
+        turn boundary costs one round trip). False (and nothing written) when this replica no
         longer holds the run's lease."""
         ...
 

@@ -70,10 +70,20 @@ class MemoryRunLog:
         run = self.tables.runs.get(response_id)
         return run if run is not None and run.lease_instance == self._me and not run.ended else None
 
-    async def append(self, response_id: str, events: Events, *, ended: bool = False, retention: float = 0) -> bool:
+    async def append(
+        self,
+        response_id: str,
+        events: Events,
+        *,
+        ended: bool = False,
+        retention: float = 0,
+        checkpoint: Checkpoint | None = None,
+    ) -> bool:
         run = self._held(response_id)
         if run is None:
             return False
+        if checkpoint is not None:
+            run.checkpoint = checkpoint
         if not run.truncated:
             run.events += events
         if events:

@@ -35,7 +35,8 @@ HANDOVER_CHANNEL = "antwort_handover"
 _HELD = "id = $1 AND lease_instance = $2 AND NOT ended"
 _APPEND = f"""WITH held AS (
         UPDATE antwort_runs SET last_seq = coalesce($3, last_seq), log_bytes = log_bytes + $4,
-            ended = $5, expires_at = $6
+            ended = $5, expires_at = $6, cp_response = coalesce($9, cp_response),
+            cp_turn = coalesce($10, cp_turn), cp_round = coalesce($11, cp_round), cp_seq = coalesce($12, cp_seq)
         WHERE {_HELD} RETURNING truncated),
     added AS (
         INSERT INTO antwort_events (response_id, seq, event)
@@ -81,7 +82,16 @@ class PostgresRunLog:
             self.options.clock() + lease,
         )
 
-    async def append(self, response_id: str, events: Events, *, ended: bool = False, retention: float = 0) -> bool:
+    async def append(
+        self,
+        response_id: str,
+        events: Events,
+        *,
+        ended: bool = False,
+        retention: float = 0,
+        checkpoint: Checkpoint | None = None,
+    ) -> bool:
+        cp = checkpoint
         held = await self.pool.fetchrow(
             _APPEND,
             response_id,
@@ -92,6 +102,10 @@ class PostgresRunLog:
             self.options.clock() + retention if ended else None,
             [seq for seq, _ in events],
             [data for _, data in events],
+            cp.response if cp else None,
+            cp.turn if cp else None,
+            cp.round if cp else None,
+            cp.sequence_number if cp else None,
         )
         if held is None:
             return False

@@ -44,7 +44,15 @@ class SQLiteRunLog:
                  VALUES (?, ?, ?, ?, ?)"""
         await self.writer.run(lambda conn: conn.execute(sql, row))
 
-    async def append(self, response_id: str, events: Events, *, ended: bool = False, retention: float = 0) -> bool:
+    async def append(
+        self,
+        response_id: str,
+        events: Events,
+        *,
+        ended: bool = False,
+        retention: float = 0,
+        checkpoint: Checkpoint | None = None,
+    ) -> bool:
         me = self._me
         size = sum(len(data) for _, data in events)
         last = events[-1][0] if events else None
@@ -58,6 +66,11 @@ class SQLiteRunLog:
             ).fetchone()
             if updated is None:
                 return False
+            if checkpoint is not None:
+                conn.execute(
+                    "UPDATE antwort_runs SET cp_response = ?, cp_turn = ?, cp_round = ?, cp_seq = ? WHERE id = ?",
+                    (checkpoint.response, checkpoint.turn, checkpoint.round, checkpoint.sequence_number, response_id),
+                )
             if not updated[0]:
                 conn.executemany(
                     "INSERT OR IGNORE INTO antwort_events (response_id, seq, event) VALUES (?, ?, ?)",

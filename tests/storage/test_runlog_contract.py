@@ -151,3 +151,17 @@ async def test_an_idempotency_key_names_its_first_response_per_owner_until_it_ex
     assert await log.remember("alice", "k", "digest-4", "resp_4", 100) is None
     await log.forget("alice", "k")
     assert await log.remember("alice", "k", "digest-5", "resp_5", 100) is None
+
+
+async def test_a_checkpoint_written_with_events_is_what_a_claim_resumes_from(backend: Backend) -> None:
+    a = await backend.open()
+    await a.runlog.begin("resp_1", "", b"request", LEASE)
+    assert await a.runlog.append("resp_1", events(1, 4), checkpoint=Checkpoint(b"at 4", 2, 1, 4))
+    assert await a.runlog.append("resp_1", events(5, 6))
+    backend.clock.advance(LEASE + 1)
+    if backend.kind == "sqlite":
+        await backend.close(a)
+    b = await backend.open()
+    (claim,) = await b.runlog.claim(LEASE, 10)
+    assert claim.checkpoint == Checkpoint(b"at 4", 2, 1, 4)
+    assert claim.tail == [data for _, data in events(5, 6)]
