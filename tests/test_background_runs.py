@@ -11,6 +11,7 @@ import pytest
 
 from antwort_grpc import pb
 from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
+from antwort_grpc.providers.scripted import Call, ScriptedProvider
 from antwort_grpc.storage.memory import MemoryStore
 from antwort_grpc.storage.options import StoreOptions
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply
@@ -18,6 +19,7 @@ from tests.harness import (
     GatewayClient,
     assert_valid_stream,
     collect,
+    function_tool,
     kinds,
     output_text,
     response_of,
@@ -25,7 +27,7 @@ from tests.harness import (
     user,
 )
 from tests.storage.conftest import FakeClock
-from tests.test_interactive_runs import Session, steer
+from tests.test_interactive_runs import Session, approval, needs_approval, steer
 
 S = pb.ResponseStatus
 SLOW = Reply(text="word " * 60, delay=0.02)
@@ -260,3 +262,20 @@ async def test_a_converse_session_attaching_to_an_unknown_response_ends_not_foun
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await call.read()
     assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_converse_session_attached_to_a_background_run_decides_its_approval() -> None:
+    provider = ScriptedProvider([[Call.of("send_mail", {"to": "x"}, call_id="m")]])
+    async with running_gateway(provider=provider) as gw:
+        request = background("mail them")
+        request.tools.append(needs_approval(function_tool("send_mail", to="string")))
+        started = response_of((await collect(gw.stub.CreateResponse(request)))[0])
+        session = Session(gw)
+        await session.call.write(pb.ConverseRequest(attach=pb.AttachResponseRequest(response_id=started.id)))
+        await session.until("approval_requested")
+        await session.send(approval("m", True))
+        terminal = await session.until("terminal")
+        await session.call.done_writing()
+    assert_valid_stream(session.events)
+    assert [c.call_id for c in terminal.requires_action.tool_calls] == ["m"]
+    assert not terminal.requires_action.approval_requests

@@ -113,6 +113,9 @@ class Durability:
                 request,
                 owner=owner,
                 timeout=None if request.background else timeout,
+                # A background run waits for approvals (up to the approval timeout): whoever
+                # attaches, or ControlResponse from anywhere, decides them.
+                controller=request.background,
                 caller=caller,
                 response_id=response_id,
             )
