@@ -21,7 +21,7 @@ from antwort_grpc import pb
 from antwort_grpc.executors.base import ProgressSink
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply, ScriptedToolCall
 from antwort_grpc.tool_services.sdk import ExecutorService, function_tool, serve_executor, text_result
-from tests.harness import assert_valid_stream, kinds, response_of, user
+from tests.harness import assert_valid_reattachment, assert_valid_stream, kinds, response_of, user
 from tests.harness import function_tool as request_tool
 from tests.storage.conftest import empty_database
 from tests.storage.processes import GatewayProcess, gateway_process, get
@@ -195,8 +195,7 @@ async def test_a_stream_dropped_on_one_replica_is_read_on_from_the_other_exactly
         call.cancel()
         response_id = response_of(seen[0]).id
         rest = await Attached(b, response_id, after=12).finished()
-        assert [e.sequence_number for e in rest] == list(range(13, 13 + len(rest)))
-        assert_valid_stream(seen + rest)
+        assert_valid_reattachment(seen, 12, rest)
         assert response_of(rest[-1]).status == S.RESPONSE_STATUS_COMPLETED
         assert len(fake.chat_requests) == 1
 
@@ -217,6 +216,8 @@ async def test_kill_9_of_the_replica_running_20_background_runs_leaves_them_all_
         ids.append(await start_background(a, background("tool:charge", "charge", "lookup")))
         ids.append(await start_background(a, background("tool:lookup", "charge", "lookup")))
         attached = [Attached(b, response_id) for response_id in ids]
+        # A client of the replica that dies: it re-attaches to the survivor after what it read.
+        on_a = Attached(a, ids[1])
         async with asyncio.timeout(20):
             await tools.started.wait()
         await holding.reach(18)
@@ -225,6 +226,13 @@ async def test_kill_9_of_the_replica_running_20_background_runs_leaves_them_all_
         a.kill()
         killed.set()
         tools.free.set()
+        # Its stream breaks (grpc.aio ends a call whose connection died as cancelled).
+        await asyncio.wait([on_a.task], timeout=20)
+        read = list(on_a.events)
+        assert read, "the client of the lost replica had read events"
+        rest = await Attached(b, ids[1], after=read[-1].sequence_number).finished()
+        assert_valid_reattachment(read, read[-1].sequence_number, rest)
+        assert "recovered" in kinds(rest)
         ended = [await poll_ended(b, response_id) for response_id in ids]
         assert [r.status for r in ended] == [S.RESPONSE_STATUS_COMPLETED] * 20
         streams = [await reader.finished() for reader in attached]
