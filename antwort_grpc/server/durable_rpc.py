@@ -21,8 +21,14 @@ FROM_WIRE = pb.StreamEvent()
 
 
 def wants_durable(request: pb.CreateResponseRequest, metadata: Any) -> bool:
-    """Whether a create goes the durable way: background, or an idempotency key."""
-    return request.background or (bool(metadata) and any(entry[0] == IDEMPOTENCY_KEY for entry in metadata))
+    """Whether a create goes the durable way: background, or an idempotency key (a loop, not
+    any() over a generator: this is on every create's path)."""
+    if request.background:
+        return True
+    for entry in metadata:  # noqa: SIM110
+        if entry[0] == IDEMPOTENCY_KEY:
+            return True
+    return False
 
 
 def unavailable() -> RequestError:

@@ -148,7 +148,8 @@ class MemoryRunLog:
         for response_id, run in self.tables.runs.items():
             if len(claims) >= limit:
                 break
-            if run.ended or run.lease_until > now:
+            # Never its own: fencing tells replicas apart by instance, not by claim.
+            if run.ended or run.lease_until > now or run.lease_instance == self._me:
                 continue
             reason = HANDED_OVER if run.handed_over else REPLICA_LOST
             run.lease_instance, run.lease_until, run.handed_over = self._me, now + lease, False

@@ -4,7 +4,8 @@ An append is one statement: the lease check, the log's counters, the events and 
 the response (delivered when it commits), so a replica that lost the lease writes nothing and
 readers on every replica hear of what was written. A handover NOTIFYs too, so the other replicas
 claim the runs at once instead of at their next look. Claims lock the rows they take
-(FOR UPDATE SKIP LOCKED): two replicas never take the same run.
+(FOR UPDATE SKIP LOCKED): two replicas never take the same run, and a replica never claims its
+own (its fencing is by instance: a run it still drives must not get a second runner).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ _APPEND = f"""WITH held AS (
         ON CONFLICT DO NOTHING)
     SELECT pg_notify('{EVENTS_CHANNEL}', $1) FROM held"""
 _CLAIM = """UPDATE antwort_runs AS r SET lease_instance = $1, lease_until = $2, handed_over = FALSE
-    FROM (SELECT id, handed_over FROM antwort_runs WHERE NOT ended AND lease_until <= $3
+    FROM (SELECT id, handed_over FROM antwort_runs WHERE NOT ended AND lease_until <= $3 AND lease_instance <> $1
           ORDER BY lease_until LIMIT $4 FOR UPDATE SKIP LOCKED) AS open
     WHERE r.id = open.id
     RETURNING r.id, r.owner, r.request, r.last_seq, open.handed_over, r.cp_response, r.cp_turn, r.cp_round,

@@ -132,13 +132,15 @@ class SQLiteRunLog:
         self.watchers.handed_over()
 
     async def claim(self, lease: float, limit: int) -> list[Claim]:
+        # Any other instance's run was left by a process that ended (the file lock says so);
+        # never its own: fencing tells processes apart by instance, not by claim.
         now, me = self.options.clock(), self._me
 
         def claim(conn: sqlite3.Connection) -> list[Claim]:
             rows = conn.execute(
                 """SELECT id, owner, request, last_seq, handed_over, cp_response, cp_turn, cp_round, cp_seq
-                   FROM antwort_runs WHERE ended = 0 AND (lease_until <= ? OR lease_instance <> ?) LIMIT ?""",
-                (now, me, limit),
+                   FROM antwort_runs WHERE ended = 0 AND lease_instance <> ? LIMIT ?""",
+                (me, limit),
             ).fetchall()
             claims = []
             for key, owner, request, last, handed, response, turn, round_, seq in rows:

@@ -93,6 +93,13 @@ async def test_a_restarted_sqlite_gateway_claims_what_the_previous_process_left_
     assert [(c.response_id, c.reason, c.last_sequence_number) for c in claims] == [("resp_1", REPLICA_LOST, 2)]
 
 
+async def test_a_replica_never_claims_its_own_run(backend: Backend) -> None:
+    a = await backend.open()
+    await a.runlog.begin("resp_1", "", b"request", LEASE)
+    backend.clock.advance(LEASE + 1)
+    assert await a.runlog.claim(LEASE, 10) == []
+
+
 async def test_a_held_lease_is_renewed_and_not_claimed(backend: Backend) -> None:
     a = await backend.open()
     # One process per SQLite file: only the holder itself looks.
@@ -111,7 +118,9 @@ async def test_a_claim_carries_the_events_after_the_checkpoint(backend: Backend)
     await a.runlog.checkpoint("resp_1", Checkpoint(b"response", 1, 0, 3))
     await a.runlog.append("resp_1", events(6, 7))
     await a.runlog.release(["resp_1"])
-    b = a if backend.kind == "sqlite" else await backend.open()
+    if backend.kind == "sqlite":
+        await backend.close(a)  # one gateway per file: the next one is a restart
+    b = await backend.open()
     claims = await b.runlog.claim(LEASE, 10)
     assert [c.reason for c in claims] == [HANDED_OVER]
     assert claims[0].tail == [data for _, data in events(4, 7)]
