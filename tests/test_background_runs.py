@@ -279,3 +279,15 @@ async def test_a_converse_session_attached_to_a_background_run_decides_its_appro
     assert_valid_stream(session.events)
     assert [c.call_id for c in terminal.requires_action.tool_calls] == ["m"]
     assert not terminal.requires_action.approval_requests
+
+
+async def test_a_background_run_holds_its_admission_room_until_it_ends(fake: FakeOpenAI) -> None:
+    provider = OpenAICompatProvider(BackendConfig(base_url=fake.url, model="fake-model"))
+    async with running_gateway(provider=provider, store=MemoryStore(), max_running_responses=1) as gw:
+        fake.add(Reply(text="busy " * 40, delay=0.02), Reply(text="next"))
+        started = response_of((await collect(gw.stub.CreateResponse(background("long"))))[0])
+        refused = await status_of(gw.stub.CreateResponse(user("meanwhile")))
+        assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        await poll_until_ended(gw, started.id)
+        assert output_text(await gw.create(user("after"))) == "next"
+    await provider.aclose()

@@ -10,6 +10,7 @@ event log (responses/attach.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import re
 from collections.abc import AsyncIterator
@@ -123,8 +124,24 @@ class Durability:
             if key is not None:
                 await self.runlog.forget(owner, key)
             raise
-        runner = await self.background.begin(run) if request.background else None
+        runner = await self._log(run) if request.background else None
         return Begun(run, runner, run.response_id, logged=runner is not None)
+
+    async def _log(self, run: Run) -> Runner:
+        """The run logged, leased and started in background; a store that cannot keep its log
+        leaves it cancelled (stored, but with no runner it would stay in progress for ever)."""
+        try:
+            return await self.background.begin(run)
+        except Exception as error:
+            run.stop("cancelled")
+            async with contextlib.aclosing(run.events()) as events:
+                async for _ in events:
+                    pass
+            raise RequestError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the store could not keep the event log ({type(error).__name__}): the response was cancelled",
+                reason="store_unavailable",
+            ) from error
 
     async def _replay(
         self, request: pb.CreateResponseRequest, owner: str, key: str, response_id: str, bound: str

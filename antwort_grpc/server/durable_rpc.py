@@ -3,13 +3,14 @@ CreateResponse, and AttachResponse. Events read from the log go out as the bytes
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
 import grpc
 
 from antwort_grpc import pb
-from antwort_grpc.edge import Watch
+from antwort_grpc.edge import Reservation, Watch
 from antwort_grpc.engine.run import Run
 from antwort_grpc.errors import RequestError
 from antwort_grpc.hooks.service import Caller
@@ -18,6 +19,24 @@ from antwort_grpc.server.decode import EventMessage
 
 # Stands in for the event of a message written from its bytes (EventMessage writes `wire`).
 FROM_WIRE = pb.StreamEvent()
+
+
+class Admitted:
+    """The admission room of a durable create: given back when the call ends, or, for a
+    background run, when the run does (it goes on running here after the call)."""
+
+    def __init__(self, reservation: Reservation) -> None:
+        self.reservation = reservation
+        self.kept = False
+
+    def keep_until(self, task: asyncio.Task[None] | None) -> None:
+        if task is not None and not task.done():
+            self.kept = True
+            task.add_done_callback(lambda _: self.reservation.release())
+
+    def done(self) -> None:
+        if not self.kept:
+            self.reservation.release()
 
 
 def wants_durable(request: pb.CreateResponseRequest, metadata: Any) -> bool:
@@ -49,8 +68,11 @@ async def durable_create(
     timeout: float | None,
     caller: Caller | None,
     watch: Watch,
+    admitted: Admitted | None = None,
 ) -> AsyncGenerator[EventMessage, None]:
     begun = await durable.begin(request, owner=owner, key=key, timeout=timeout, caller=caller)
+    if begun.runner is not None and admitted is not None:
+        admitted.keep_until(begun.runner.task)
     if begun.run is not None and begun.runner is None:
         # An idempotent create that is not background: the connection owns it, as any create.
         async for message in owned(begun.run, request.stream, watch):

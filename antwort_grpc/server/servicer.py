@@ -101,7 +101,14 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
                 durable = self.responses.durable
                 if durable is None:
                     raise durable_rpc.unavailable()
-                with self.edge.response(request_bytes.get() or request.ByteSize(), reservation.get()):
+                # Admitted as any create; a background run keeps its room until it ends.
+                reserved = reservation.get()
+                admitted = durable_rpc.Admitted(
+                    reserved
+                    if reserved is not None
+                    else self.edge.admission.reserve(request_bytes.get() or request.ByteSize())
+                )
+                try:
                     messages = durable_rpc.durable_create(
                         durable,
                         request,
@@ -110,10 +117,15 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
                         timeout=context.time_remaining(),
                         caller=caller_of(context) if self.responses.hooked else None,
                         watch=watch,
+                        admitted=admitted,
                     )
                     async with contextlib.aclosing(messages):
                         async for message in messages:
                             yield message
+                finally:
+                    admitted.done()
+                    if admitted.kept:
+                        reservation.set(None)  # the run gives it back, not the door
                 watch.ended()
         except RequestError as err:
             await abort(context, err)
