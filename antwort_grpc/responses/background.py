@@ -30,6 +30,10 @@ from antwort_grpc.storage.runlog import Checkpoint, Claim, RunLog
 
 log = logging.getLogger(__name__)
 
+# Seconds before a failed write of the log is tried again; the longest a run that ends (or is
+# handed over) waits for its last events to be written.
+RETRY_WRITE = 0.2
+FINAL_WRITE = 5.0
 TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled", "requires_action"})
 
 
@@ -106,9 +110,12 @@ class Runner:
         finally:
             self._closing = True
             self._wake.set()
-            # What was produced goes to the log, even on a handover (the new owner reads it).
+            # What was produced goes to the log, even on a handover (the new owner reads it);
+            # a store that stays down does not hold a shutdown for ever.
             with contextlib.suppress(Exception):
-                await asyncio.shield(writer)
+                async with asyncio.timeout(FINAL_WRITE):
+                    await asyncio.shield(writer)
+            writer.cancel()
 
     async def _write(self) -> None:
         while True:
@@ -137,11 +144,16 @@ class Runner:
                 retention=self.settings.log_retention_seconds,
                 checkpoint=checkpoints[-1][0] if checkpoints else None,
             )
-        except Exception as error:
-            log.exception("background response %s: writing its events failed", self.response_id)
-            for _, waiting in checkpoints:
-                waiting.set_exception(error)
-            return True  # the next write carries on; readers wait for what follows
+        except Exception:
+            # A database blip: the batch goes first into the next write (readers must never see
+            # a gap), tried again shortly.
+            log.exception("background response %s: writing its events failed; retrying", self.response_id)
+            self._size -= size
+            self._pending = batch + self._pending
+            self._checkpoints = checkpoints + self._checkpoints
+            await asyncio.sleep(RETRY_WRITE)
+            self._wake.set()
+            return True
         for _, waiting in checkpoints:
             waiting.set_result(held)
         if not held:
