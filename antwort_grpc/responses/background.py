@@ -25,7 +25,7 @@ from antwort_grpc import pb
 from antwort_grpc.engine import Engine
 from antwort_grpc.engine.durable import Resumed
 from antwort_grpc.engine.run import Run
-from antwort_grpc.storage.base import ResponseStore
+from antwort_grpc.storage.base import RUNNING, ResponseStore
 from antwort_grpc.storage.runlog import Checkpoint, Claim, RunLog
 
 log = logging.getLogger(__name__)
@@ -271,6 +271,14 @@ class Background:
         record = await self.store.get(claim.response_id, claim.owner)
         if record is None:
             return  # deleted meanwhile
+        if record.response.status not in RUNNING:
+            # It ended, but its replica stopped before the terminal event reached the log: the log
+            # gets it now, from the stored response, and nothing runs again.
+            event = snapshot(record.response)
+            event.sequence_number = claim.last_sequence_number + 1
+            done = [(event.sequence_number, event.SerializeToString())]
+            await self.runlog.append(claim.response_id, done, ended=True, retention=self.settings.log_retention_seconds)
+            return
         checkpoint = claim.checkpoint
         response = record.response
         turn = round_ = 0
@@ -299,3 +307,18 @@ class Background:
         if runners:
             await self.runlog.release([r.response_id for r in runners])
             log.info("handed %d background responses over", len(runners))
+
+
+def snapshot(response: pb.Response) -> pb.StreamEvent:
+    """A stored response as the one message of a non-streaming create: its terminal event once it
+    ended, else `created`."""
+    kinds = {
+        pb.ResponseStatus.RESPONSE_STATUS_COMPLETED: "completed",
+        pb.ResponseStatus.RESPONSE_STATUS_INCOMPLETE: "incomplete",
+        pb.ResponseStatus.RESPONSE_STATUS_FAILED: "failed",
+        pb.ResponseStatus.RESPONSE_STATUS_CANCELLED: "cancelled",
+        pb.ResponseStatus.RESPONSE_STATUS_REQUIRES_ACTION: "requires_action",
+    }
+    event = pb.StreamEvent()
+    getattr(event, kinds.get(response.status, "created")).response.CopyFrom(response)
+    return event

@@ -23,10 +23,12 @@ from antwort_grpc.engine.run import Run
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.hooks.service import Caller
 from antwort_grpc.responses.attach import check_attach, follow
-from antwort_grpc.responses.background import Background, DurableSettings, Runner
+from antwort_grpc.responses.background import Background, DurableSettings, Runner, snapshot
 from antwort_grpc.responses.service import Responses
 from antwort_grpc.storage.base import RUNNING
 from antwort_grpc.storage.runlog import RunLog
+
+__all__ = ["IDEMPOTENCY_KEY", "Begun", "Durability", "digest", "idempotency_key", "snapshot"]
 
 # The request metadata entry a client names a create with, to retry it safely.
 IDEMPOTENCY_KEY = "idempotency-key"
@@ -182,18 +184,3 @@ class Durability:
                 return record.response
             await asyncio.sleep(delay)
             delay = min(delay * 2, longest)
-
-
-def snapshot(response: pb.Response) -> pb.StreamEvent:
-    """A stored response as the one message of a non-streaming create: its terminal event once it
-    ended, else `created`."""
-    kinds = {
-        pb.ResponseStatus.RESPONSE_STATUS_COMPLETED: "completed",
-        pb.ResponseStatus.RESPONSE_STATUS_INCOMPLETE: "incomplete",
-        pb.ResponseStatus.RESPONSE_STATUS_FAILED: "failed",
-        pb.ResponseStatus.RESPONSE_STATUS_CANCELLED: "cancelled",
-        pb.ResponseStatus.RESPONSE_STATUS_REQUIRES_ACTION: "requires_action",
-    }
-    event = pb.StreamEvent()
-    getattr(event, kinds.get(response.status, "created")).response.CopyFrom(response)
-    return event
