@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
 
 from antwort_grpc import pb
 from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
-from antwort_grpc.providers.scripted import Call, ScriptedProvider
+from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
 from antwort_grpc.storage.memory import MemoryStore
 from antwort_grpc.storage.options import StoreOptions
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply
+from tests.auth_fixtures import api_keys
 from tests.harness import (
     GatewayClient,
     assert_valid_reattachment,
@@ -291,3 +293,22 @@ async def test_a_background_run_holds_its_admission_room_until_it_ends(fake: Fak
         await poll_until_ended(gw, started.id)
         assert output_text(await gw.create(user("after"))) == "next"
     await provider.aclose()
+
+
+async def test_attach_to_another_tenants_background_response_is_not_found(tmp_path: Path) -> None:
+    credentials = api_keys(tmp_path)
+    provider = ScriptedProvider([[Text("for alice only")]])
+    async with running_gateway(provider=provider, **credentials.settings) as gw:
+        request = background("secret")
+        started = [m async for m in gw.stub.CreateResponse(request, metadata=credentials.of("alice"))]
+        response_id = response_of(started[0].event).id
+        attach_request = pb.AttachResponseRequest(response_id=response_id)
+        events = await collect(gw.stub.AttachResponse(attach_request, metadata=credentials.of("alice")))
+        assert kinds(events)[-1] == "completed"
+        error = await status_of(gw.stub.AttachResponse(attach_request, metadata=credentials.of("bob")))
+        assert error.code() == grpc.StatusCode.NOT_FOUND
+        # Nor can bob bind alice's idempotency key to her response: keys are per owner.
+        key = (("idempotency-key", "shared-key"),)
+        alices = await collect(gw.stub.CreateResponse(request, metadata=credentials.of("alice") + key))
+        bobs = await collect(gw.stub.CreateResponse(request, metadata=credentials.of("bob") + key))
+        assert response_of(bobs[0]).id != response_of(alices[0]).id
