@@ -312,3 +312,12 @@ async def test_attach_to_another_tenants_background_response_is_not_found(tmp_pa
         alices = await collect(gw.stub.CreateResponse(request, metadata=credentials.of("alice") + key))
         bobs = await collect(gw.stub.CreateResponse(request, metadata=credentials.of("bob") + key))
         assert response_of(bobs[0]).id != response_of(alices[0]).id
+
+
+async def test_a_converse_create_cannot_be_background(gw: GatewayClient) -> None:
+    call = gw.stub.Converse()
+    await call.write(pb.ConverseRequest(create=background("x")))
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await call.read()
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "create.background" in (raised.value.details() or "")

@@ -256,6 +256,10 @@ class _Session:
                 request, size, reserved = next_create
                 request.stream = True  # a session always streams its events
                 try:
+                    if request.background:
+                        if reserved is not None:
+                            reserved.release()
+                        raise invalid_argument([_NOT_HERE])
                     # Each response of the session is admitted apart, for as long as it runs:
                     # before its create was parsed (the reservation taken over), else now.
                     with self.edge.response(size, reserved) as admitted:
@@ -426,6 +430,11 @@ class _Session:
 
 
 _TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled", "requires_action"})
+# A session's responses belong to it: a background one starts with CreateResponse, and a session
+# attaches to it.
+_NOT_HERE = FieldViolation(
+    "create.background", "a session runs its own responses: start a background one with CreateResponse, then attach"
+)
 
 
 def _busy() -> RequestError:
