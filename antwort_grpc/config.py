@@ -58,6 +58,14 @@ class GatewaySettings(BaseSettings):
     response_ttl_seconds: float | None = None
     # Seconds between store upkeep: heartbeat, sweep of responses a dead replica left, TTL purge.
     store_maintenance_seconds: float = 5.0
+    # Background responses (docs/durable-runs.md): seconds a replica's lease on a run lasts
+    # unrenewed (another replica takes the run over after it), seconds the event log is kept after
+    # the end, bytes of events one response's log may hold (beyond: only the final response), and
+    # seconds an idempotency key names its response.
+    background_lease_seconds: float = Field(default=10.0, gt=0)
+    background_log_retention_seconds: float = Field(default=3600.0, ge=0)
+    background_log_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    idempotency_ttl_seconds: float = Field(default=24 * 3600.0, gt=0)
 
     # gRPC targets of ToolExecutorService servers.
     executors: Annotated[list[str], NoDecode] = Field(default_factory=list)

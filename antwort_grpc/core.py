@@ -23,10 +23,13 @@ from antwort_grpc.executors.base import FunctionExecutor, ToolExecutor
 from antwort_grpc.hooks import Dispatcher, build_hooks
 from antwort_grpc.observability import Observability
 from antwort_grpc.providers.base import Provider, capabilities_of
+from antwort_grpc.responses.background import DurableSettings
+from antwort_grpc.responses.durable import Durability
 from antwort_grpc.responses.request_limits import Limits
 from antwort_grpc.responses.service import Responses
 from antwort_grpc.startup_errors import StartupError
 from antwort_grpc.storage.base import CancelSignals, ControlSignals, ResponseStore
+from antwort_grpc.storage.runlog import RunLog
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +113,8 @@ class Core:
     observability: Observability | None
     # Ends the store's delivery of cancels and controls from other replicas to this engine.
     unsubscribe: list[Callable[[], None]] = field(default_factory=list)
+    # Background responses and idempotency keys; None with a store that keeps no run log.
+    durable: Durability | None = None
 
     def start(self) -> None:
         """Controls and cancels sent on any replica (or through the store) reach the runs here;
@@ -121,10 +126,18 @@ class Core:
             self.unsubscribe.append(store.on_control(self.responses.deliver))
         if self.observability is not None:
             self.observability.start()
+        if self.durable is not None:
+            self.durable.background.start()
+
+    async def hand_over(self) -> None:
+        """Shutdown: background runs go to another replica now (or to this one's restart)."""
+        if self.durable is not None:
+            await self.durable.background.hand_over()
 
     async def close(self) -> None:
         """After the doors stopped: no more controls from other replicas, observation off, hooks
         closed (the parts themselves close with `Parts.close`)."""
+        await self.hand_over()
         for unsubscribe in self.unsubscribe:
             unsubscribe()
         self.unsubscribe = []
@@ -162,7 +175,20 @@ async def build_core(settings: GatewaySettings, parts: Parts) -> Core:
         authenticator, limit, observability.observer() if observability is not None else None, admission(settings)
     )
     responses = Responses(engine, store, request_limits(settings), capabilities_of(parts.provider))
-    return Core(provider, store, executors, engine, responses, edge, authenticator, observability)
+    core = Core(provider, store, executors, engine, responses, edge, authenticator, observability)
+    runlog = getattr(parts.store, "runlog", None)
+    if isinstance(runlog, RunLog):
+        core.durable = responses.durable = Durability(responses, runlog, durable_settings(settings))
+    return core
+
+
+def durable_settings(settings: GatewaySettings) -> DurableSettings:
+    return DurableSettings(
+        lease_seconds=settings.background_lease_seconds,
+        log_retention_seconds=settings.background_log_retention_seconds,
+        log_max_bytes=settings.background_log_max_bytes,
+        idempotency_ttl_seconds=settings.idempotency_ttl_seconds,
+    )
 
 
 # Responses mostly wait for their model: one core carries about 500 streams at 10 tokens a second

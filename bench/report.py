@@ -99,6 +99,23 @@ ROWS = [
         "the same hook in the gateway's process: time added per turn (ms)",
     ),
     Row("8 hooks", "hooks_none_ms_per_turn", "turn time without hooks (ms; a tool call and an answer per 2 turns)"),
+    Row(
+        "9 durable",
+        "background_checkpoint_ms_per_turn_sqlite",
+        "a background turn's checkpoint, SQLite: log flush + checkpoint (ms)",
+        "<=",
+        1,
+    ),
+    Row(
+        "9 durable",
+        "background_checkpoint_ms_per_turn_postgres",
+        "the same, PostgreSQL (the tests' cluster, fsync off) (ms)",
+        "<=",
+        2,
+    ),
+    Row("9 durable", "attach_first_event_ms_p50", "AttachResponse → first replayed event, p50 (ms)", "<=", 5),
+    Row("9 durable", "takeover_s", "kill -9 of the running replica → recovered on the other (s, lease 2 s)", "<=", 3),
+    Row("9 durable", "handover_s", "SIGTERM of the running replica → recovered on the other (s)", "<=", 1),
 ]
 
 HISTORY_KEYS = [

@@ -27,6 +27,7 @@ HEAVY = {
     "tests/providers/test_local_model.py::test_the_response_names_": "starts the real embedded model",
     "tests/test_fuzz_requests.py::test_any_request_gets_a_typed_answer": "hundreds of generated requests",
     "tests/storage/test_durability.py": "kills and restarts gateway processes",
+    "tests/storage/test_durable_runs.py": "kills, restarts and rolls gateway replicas under background runs",
     "tests/interop/test_go_keepalive.py": "a Go client holds an idle stream for a real minute",
 }
 

@@ -176,6 +176,18 @@ def assert_valid_stream(events: Sequence[pb.StreamEvent]) -> None:
         assert response.output[index].id == item.id
 
 
+def assert_valid_reattachment(read: Sequence[pb.StreamEvent], after: int, rest: Sequence[pb.StreamEvent]) -> None:
+    """A stream read up to sequence number `after`, dropped, and read on by AttachResponse with
+    `starting_after=after` (any replica): the attach brings every later event exactly once, in
+    order, to the terminal event, and the two together are one valid stream. A run resumed on
+    another replica keeps counting (its `recovered` event follows the lost replica's last)."""
+    kept = [e for e in read if e.sequence_number <= after]
+    assert [e.sequence_number for e in kept] == list(range(1, after + 1)), "the first read is not 1..after"
+    numbers = [e.sequence_number for e in rest]
+    assert numbers == list(range(after + 1, after + 1 + len(rest))), f"re-attached after {after}: {numbers}"
+    assert_valid_stream([*kept, *rest])
+
+
 def _assert_controls(events: Sequence[pb.StreamEvent], names: list[str]) -> None:
     """The interactive vocabulary: turn numbers increase by one; paused and resumed alternate
     (a pause may be ended by the terminal event); every call of an approval_requested event is

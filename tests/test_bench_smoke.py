@@ -33,6 +33,8 @@ KEYS = [
     "hooks_overhead_ms_per_turn",
     "observability_cpu_ratio",
     "jwt_auth_cpu_ratio",
+    "background_checkpoint_ms_per_turn_sqlite",
+    "attach_first_event_ms_p50",
 ]
 
 

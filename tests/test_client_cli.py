@@ -328,3 +328,28 @@ async def test_ctrl_c_in_ask_while_the_answer_streams_and_at_the_approval_prompt
     for cli in (streaming, approving):
         assert "Traceback" not in cli.output
         assert cli.output.endswith("\ninterrupted\n"), cli.output
+
+
+async def test_ask_background_prints_the_id_and_attach_renders_the_rest_of_the_run() -> None:
+    async with gateway(Reply(text="Bonjour from the background.", first_delay=0.5)) as (gw, fake):
+        cli = await Cli.start("ask", "-t", gw.target, "--background", "Say hello in French.")
+        code = await cli.process.wait()
+        assert cli.process.stdout is not None
+        out = (await cli.process.stdout.read()).decode()
+        assert code == 0, out
+        response_id = re.search(r"^(resp_\w+)$", out, re.MULTILINE)
+        assert response_id is not None, out
+        assert f"antwort-grpc attach {response_id[1]}" in out
+        code, rendered = await ask_command("attach", "-t", gw.target, response_id[1])
+        assert code == 0, rendered
+        assert "Bonjour from the background." in rendered and "completed" in rendered
+        assert len(fake.chat_requests) == 1
+
+
+async def ask_command(*args: str) -> tuple[int, str]:
+    cli = await Cli.start(*args)
+    assert cli.process.stdin is not None
+    cli.process.stdin.close()
+    code = await cli.process.wait()
+    assert cli.process.stdout is not None
+    return code, (await cli.process.stdout.read()).decode()

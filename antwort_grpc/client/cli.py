@@ -10,17 +10,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import grpc
 from google.protobuf.json_format import ParseDict, ParseError
 
 from antwort_grpc import pb
 from antwort_grpc.client.connection import add_connection_flags, connection_from
-from antwort_grpc.client.render import HumanRenderer
+from antwort_grpc.client.render import HumanRenderer, terminal_response
 from antwort_grpc.client.session import (
     Interrupted,
     Options,
     Session,
     chat,
     continuation_hint,
+    error_line,
     exit_code,
     user_message,
 )
@@ -53,8 +55,25 @@ def add_client_parsers(sub: Any) -> None:
     )
     ask.add_argument("--approve", action="append", default=[], metavar="CALL_ID", help="approve a waiting call")
     ask.add_argument("--deny", action="append", default=[], metavar="CALL_ID", help="deny a waiting call")
+    ask.add_argument(
+        "--background",
+        action="store_true",
+        help="run it in background: print its id at once, follow it later with `attach ID`",
+    )
+    ask.add_argument(
+        "--idempotency-key", default="", metavar="KEY", help="a retry with the same key gets the same response"
+    )
     _request_flags(ask)
     ask.set_defaults(run=_ask, approvals="ask")
+    attach = sub.add_parser(
+        "attach",
+        help="follow a background response from where you left it (it may run on any replica); "
+        "approvals and typed steering work as in ask",
+    )
+    attach.add_argument("response_id", help="the id `ask --background` printed")
+    attach.add_argument("--after", type=int, default=0, metavar="N", help="the last sequence number you read")
+    _request_flags(attach)
+    attach.set_defaults(run=_attach, approvals="ask")
     talk = sub.add_parser(
         "chat",
         help="a conversation: type messages; while an answer runs, a typed line steers it "
@@ -123,6 +142,8 @@ def _ask_items(args: argparse.Namespace) -> list[pb.Item]:
 async def _ask_async(args: argparse.Namespace, sessions: list[Session]) -> int:
     connection = connection_from(args)
     items = _ask_items(args)
+    if args.background or args.idempotency_key:
+        return await _ask_durable(args, connection, items)
     async with connection.channel() as channel:
         stub = pb.ResponsesServiceStub(channel)
         async with Session(
@@ -132,6 +153,49 @@ async def _ask_async(args: argparse.Namespace, sessions: list[Session]) -> int:
             response = await session.run(session.request(items, args.previous))
             if not args.json and (hint := continuation_hint(session.last_event, args.tools)) is not None:
                 session.prompts.print(hint, style="dim", highlight=False, soft_wrap=True)
+    return exit_code(response)
+
+
+async def _ask_durable(args: argparse.Namespace, connection: Any, items: list[pb.Item]) -> int:
+    """`ask --background` (and `--idempotency-key`): a create that is not tied to this process;
+    prints the response id (stdout) and how to follow it (stderr)."""
+    request = pb.CreateResponseRequest(
+        model=args.model,
+        instructions=args.instructions,
+        tools=_tools(args.tools),
+        previous_response_id=args.previous,
+        background=args.background,
+    )
+    if (choice := _tool_choice(args.tool_choice)) is not None:
+        request.tool_choice.CopyFrom(choice)
+    request.input_items.items.extend(items)
+    metadata = tuple(connection.metadata)
+    if args.idempotency_key:
+        metadata += (("idempotency-key", args.idempotency_key),)
+    async with connection.channel() as channel:
+        stub = pb.ResponsesServiceStub(channel)
+        try:
+            messages = [m async for m in stub.CreateResponse(request, metadata=metadata or None, timeout=args.timeout)]
+        except grpc.aio.AioRpcError as error:
+            raise StartupError(error_line(error, connection.unreachable)) from error
+    event = messages[-1].event
+    response = terminal_response(event) or getattr(event, event.WhichOneof("event") or "created").response
+    print(response.id)
+    if args.background:
+        print(f"running in background: antwort-grpc attach {response.id}", file=sys.stderr)
+        return 0
+    return exit_code(response)
+
+
+async def _attach_async(args: argparse.Namespace, sessions: list[Session]) -> int:
+    connection = connection_from(args)
+    async with connection.channel() as channel:
+        stub = pb.ResponsesServiceStub(channel)
+        async with Session(
+            stub, _options(args, connection.metadata), connection.target, unreachable=connection.unreachable
+        ) as session:
+            sessions.append(session)
+            response = await session.attach(args.response_id, args.after)
     return exit_code(response)
 
 
@@ -162,6 +226,10 @@ def _interruptible(run: Any, args: argparse.Namespace) -> int:
 
 def _ask(args: argparse.Namespace) -> int:
     return _interruptible(_ask_async, args)
+
+
+def _attach(args: argparse.Namespace) -> int:
+    return _interruptible(_attach_async, args)
 
 
 def _chat(args: argparse.Namespace) -> int:

@@ -201,6 +201,13 @@ class HumanRenderer:
     def _on_resumed(self, e: pb.ResumedEvent) -> None:
         self.line("▶ resumed", "yellow")
 
+    def _on_recovered(self, e: pb.ResponseRecoveredEvent) -> None:
+        if self.mid_line:
+            self.end_line()
+            self._streaming = None
+        why = "its replica handed it over" if e.reason == "handed_over" else "its replica was lost"
+        self.line(f"↻ recovered after turn {e.from_turn}: {why}; the turn in flight runs again", "yellow")
+
     def _terminal(self, kind: str, response: pb.Response, event: pb.StreamEvent) -> None:
         seconds = time.monotonic() - self.started
         usage = response.usage

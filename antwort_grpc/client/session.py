@@ -295,8 +295,17 @@ class Session:
 
     async def run(self, request: pb.CreateResponseRequest) -> pb.Response:
         """Start a response on the stream and follow it to its terminal event."""
+        return await self.follow(pb.ConverseRequest(create=request))
+
+    async def attach(self, response_id: str, after: int = 0) -> pb.Response:
+        """Follow a response already running (a background one) from after sequence number
+        `after`; approvals and typed lines act on it as on one started here."""
+        attach = pb.AttachResponseRequest(response_id=response_id, starting_after=after)
+        return await self.follow(pb.ConverseRequest(attach=attach))
+
+    async def follow(self, first: pb.ConverseRequest) -> pb.Response:
         try:
-            return await self._run(request)
+            return await self._run(first)
         except grpc.aio.AioRpcError as error:
             raise StartupError(error_line(await self._final(error), self.unreachable)) from error
 
@@ -318,11 +327,11 @@ class Session:
                 return verdict
         return error
 
-    async def _run(self, request: pb.CreateResponseRequest) -> pb.Response:
+    async def _run(self, first: pb.ConverseRequest) -> pb.Response:
         call = self._call
         if isinstance(self.renderer, HumanRenderer):
             self.renderer.restart_clock()
-        self._outbox.put_nowait(pb.ConverseRequest(create=request))
+        self._outbox.put_nowait(first)
         read: asyncio.Future[Any] | None = None
         while True:
             read = read or asyncio.ensure_future(call.read())

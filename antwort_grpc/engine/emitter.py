@@ -259,6 +259,18 @@ class ResponseEmitter:
             input_injected=pb.InputInjectedEvent(kind=kind, items=items, superseded_call_ids=superseded),  # type: ignore[arg-type]
         )
 
+    # -- a background run resumed on another replica (engine/durable.py) --------------------------
+
+    def recovered(self, after_sequence: int, from_turn: int, reason: str) -> pb.StreamEvent:
+        """The first event of a resumed run: numbering goes on after the last logged event."""
+        self._seq = after_sequence
+        recovered = pb.ResponseRecoveredEvent(from_turn=from_turn, reason=reason, last_sequence_number=after_sequence)
+        return pb.StreamEvent(sequence_number=self._next(), recovered=recovered)
+
+    def superseded(self, index: int, item: pb.Item) -> pb.StreamEvent:
+        """An item the lost replica had begun and left open: done, incomplete."""
+        return self._item_event("output_item_done", index, item)
+
     # -- whole items ---------------------------------------------------------------------------
 
     def add_item(self, item: pb.Item) -> list[pb.StreamEvent]:

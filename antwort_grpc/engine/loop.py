@@ -11,15 +11,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 
 from antwort_grpc import pb
-from antwort_grpc.engine import continuation, response_status
+from antwort_grpc.engine import continuation, durable, response_status
 from antwort_grpc.engine.budget import ServerLimits, run_limits
 from antwort_grpc.engine.checkpoints import inject_items
+from antwort_grpc.engine.durable import Resumed
 from antwort_grpc.engine.emitter import echoed_tools
 from antwort_grpc.engine.history import HISTORY_MAX_BYTES, History, load_history
 from antwort_grpc.engine.hook_gate import HookGate
@@ -106,14 +108,16 @@ class Engine:
         controller: bool = False,
         hook_run: HookRun | None = None,
         problems: Callable[[pb.CreateResponseRequest], list[str]] = lambda _: [],
+        response_id: str = "",
     ) -> Run:
         """Prepare and store a new response; iterate `run.events()` to run it. Raises RequestError
         (and nothing is stored) when it cannot start. The request is expected to have passed
         `responses.validation` (the responses layer does that for every front door; `problems`
         is that validation, for a request a before-response hook returns).
 
-        `controller`: a client stays attached that can decide approvals while the run waits."""
-        run = await self._admit(request, owner, controller, hook_run, problems)
+        `controller`: a client stays attached that can decide approvals while the run waits.
+        `response_id`: the id to give it (an idempotency key was bound to it); else a new one."""
+        run = await self._admit(request, owner, controller, hook_run, problems, response_id)
         # Stored before the client learns the id: from then on any replica can read or cancel
         # it, and a crash leaves it to be found and marked interrupted.
         await self._save(run, required=True)
@@ -125,6 +129,50 @@ class Engine:
             run.stop_at(run.deadline - min(0.5, timeout * 0.1), "deadline")
         if run.limits.max_duration is not None:
             run.stop_at(clock.time() + run.limits.max_duration, "max_duration")
+        run.bind(self._drive)
+        return run
+
+    async def resume(self, request: pb.CreateResponseRequest, record: StoredResponse, resumed: Resumed) -> Run:
+        """A background run another replica began, resumed here from its checkpoint (durable.py):
+        no hooks are asked again and no deadline applies (the caller is gone); max_duration runs
+        from the response's start."""
+        owner, response = record.owner, resumed.response
+        history = History()
+        if request.previous_response_id:
+            history = await load_history(
+                self.store,
+                request.previous_response_id,
+                owner=owner,
+                max_depth=self.config.history_max_depth,
+                max_bytes=self.config.history_max_bytes,
+            )
+        tools = await resolve_tools(request.tools, self.config.executors)
+        limits = self.config.limits
+        seen = list(response.output)
+        superseded = durable.superseded_items(resumed.tail, len(seen))
+        for index in sorted(superseded.items):
+            response.output.append(superseded.items[index])
+        setup = RunSetup(
+            input_items=record.input_items,
+            context=history.items + record.input_items + seen,
+            tools=tools,
+            owner=owner,
+            limits=run_limits(request, limits),
+            window=ContextWindow(limits.context if request.truncation == AUTO else UNLIMITED),
+            continuation=durable.interrupted_calls(seen, tools),
+        )
+        run = Run(request, response, setup)
+        run.restore(resumed.turn + superseded.turns, resumed.round)
+        emitter = run.emitter
+        if resumed.last_sequence_number:
+            # Lost before its first event was logged: it starts as any response does.
+            run.recovery = [emitter.recovered(resumed.last_sequence_number, resumed.turn, resumed.reason)]
+            run.recovery += [emitter.superseded(i, superseded.items[i]) for i in superseded.still_open]
+        self.runs.add(run)
+        if run.limits.max_duration is not None:
+            started = response.created_at.ToNanoseconds() / 1e9
+            clock = asyncio.get_running_loop()
+            run.stop_at(clock.time() + max(0.0, started + run.limits.max_duration - time.time()), "max_duration")
         run.bind(self._drive)
         return run
 
@@ -150,6 +198,7 @@ class Engine:
         controller: bool,
         hook_run: HookRun | None,
         problems: Callable[[pb.CreateResponseRequest], list[str]],
+        response_id: str = "",
     ) -> Run:
         """The response prepared and past the before-response hooks, which may refuse the request
         (PERMISSION_DENIED; UNAVAILABLE when a fail-closed hook failed) or change it (prepared
@@ -157,10 +206,10 @@ class Engine:
         first: one may make it one that can."""
         hooks = self.config.hooks
         if hook_run is None or hooks is None or not hooks.wants(Point.HOOK_POINT_BEFORE_RESPONSE):
-            return await self._prepare(request, owner, controller, hook_run)
+            return await self._prepare(request, owner, controller, hook_run, response_id)
         run: Run | None = None
         with contextlib.suppress(RequestError):
-            run = await self._prepare(request, owner, controller, hook_run)
+            run = await self._prepare(request, owner, controller, hook_run, response_id)
         try:
             if run is None or run.hooks is None:
                 admitted = await hooks.before_response(hook_run, request, problems)
@@ -172,7 +221,7 @@ class Engine:
             raise RequestError(grpc.StatusCode.UNAVAILABLE, str(failed), reason="hook_failed") from None
         if run is not None and admitted is request:
             return run
-        return await self._prepare(admitted, owner, controller, hook_run, run.response.id if run else "")
+        return await self._prepare(admitted, owner, controller, hook_run, run.response.id if run else response_id)
 
     def _first_call(self, run: Run) -> TurnRequest | None:
         """The first model call, when the response starts with one (not with calls to run) and
@@ -245,10 +294,14 @@ class Engine:
         emitter = run.emitter
         finished = False
         try:
-            self._start_early(run)
-            created, in_progress = emitter.opening()
-            yield created
-            yield in_progress
+            if run.recovery is None:
+                self._start_early(run)
+                created, in_progress = emitter.opening()
+                yield created
+                yield in_progress
+            else:
+                for event in run.recovery:
+                    yield event
             if run.hooks is not None:
                 for event in run.hooks.events(emitter):
                     yield event
@@ -299,7 +352,7 @@ class Engine:
             early = run.take_early()
             if early is not None:
                 await asyncio.shield(early.discard())
-            if not finished:
+            if not finished and not run.abandoned:
                 # The client went away (or the server is shutting down): keep what was done.
                 if not run.ended and run.response.status not in response_status.TERMINAL:
                     run.emitter.close_turn(ITEM_INCOMPLETE)

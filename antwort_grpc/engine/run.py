@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from antwort_grpc import pb
 from antwort_grpc.engine import response_status
@@ -77,6 +78,14 @@ class RunSetup:
     echoed_tools: bytes | None = None
 
 
+class Durable(Protocol):
+    """What keeps a background run resumable (responses/background.py): set on its Run."""
+
+    async def save(self, run: Run) -> None:
+        """Checkpoint the run at a turn boundary (its events so far are in the log first)."""
+        ...
+
+
 class Run:
     def __init__(self, request: pb.CreateResponseRequest, response: pb.Response, setup: RunSetup) -> None:
         self.request = request
@@ -107,6 +116,12 @@ class Run:
         self.deadline: float | None = None
         self._timers: list[asyncio.TimerHandle] = []
         self._events: Callable[[Run], AsyncGenerator[pb.StreamEvent, None]] | None = None
+        # A background run's checkpoints (None: the connection owns the run, nothing is kept).
+        self.durable: Durable | None = None
+        # A resumed run: the events it starts with instead of created and in_progress.
+        self.recovery: list[pb.StreamEvent] | None = None
+        # Handed to another replica (or its lease lost): it ends without a final status here.
+        self.abandoned = False
         if self.hooks is not None:
             self.hooks.bind(response)
 
@@ -178,6 +193,15 @@ class Run:
     def append(self, items: Sequence[pb.Item]) -> None:
         """Items the conversation gains (the model's output, tool outputs, injected input)."""
         self._context += items
+
+    def restore(self, turn: int, round_: int) -> None:
+        """A resumed run goes on counting from its checkpoint."""
+        self._turn, self._round = turn, round_
+        self.record.turns = turn
+
+    def abandon(self) -> None:
+        """Stop here without ending: another replica resumes the run from its checkpoint."""
+        self.abandoned = True
 
     def next_turn(self) -> int:
         self._turn += 1

@@ -73,6 +73,8 @@ class Turn(Step[TurnOutcome]):
         # Sub-steps that usually have nothing to say are entered only when they do: every async
         # generator costs a few microseconds to start, and this runs once per turn.
         run = self.run
+        if run.durable is not None:
+            await run.durable.save(run)
         if needs_checkpoint(run):
             async for event in checkpoint(run):
                 yield event
@@ -217,6 +219,9 @@ class Turn(Step[TurnOutcome]):
             yield self.completed()
             self.end(plan)
             return
+        if run.durable is not None:
+            # The calls are about to run: a replica that resumes the run knows they may have.
+            await run.durable.save(run)
         round_ = ToolRound(run, plan)
         async for event in round_.events():
             yield event

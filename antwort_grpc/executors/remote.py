@@ -92,6 +92,7 @@ class _Catalog:
         self.timeouts = {
             t.function.name: t.timeout.seconds + t.timeout.nanos / 1e9 for t in info.tools if t.HasField("timeout")
         }
+        self.idempotent = {t.function.name for t in info.tools if t.idempotent}
 
 
 class RemoteExecutor:
@@ -187,6 +188,10 @@ class RemoteExecutor:
     def tool_timeout(self, name: str) -> float | None:
         """The default timeout the service advertises for one call of `name`, if any."""
         return self._catalog.timeouts.get(name) if self._catalog else None
+
+    def is_idempotent(self, name: str) -> bool:
+        """Whether the service declares that running a call of `name` twice does no harm."""
+        return self._catalog is not None and name in self._catalog.idempotent
 
     @property
     def tools(self) -> list[pb.ExecutorTool]:

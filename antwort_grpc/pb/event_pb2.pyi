@@ -35,7 +35,7 @@ INPUT_KIND_STEER: InputKind
 INPUT_KIND_FOLLOW_UP: InputKind
 
 class StreamEvent(_message.Message):
-    __slots__ = ("sequence_number", "created", "in_progress", "output_item_added", "output_item_done", "content_part_added", "content_part_done", "output_text_delta", "output_text_done", "function_call_arguments_delta", "function_call_arguments_done", "reasoning_text_delta", "reasoning_text_done", "completed", "requires_action", "incomplete", "failed", "cancelled", "tool_execution_in_progress", "tool_execution_progress", "tool_execution_completed", "tool_execution_failed", "refusal_delta", "refusal_done", "turn_started", "turn_decided", "approval_requested", "paused", "resumed", "input_injected", "turn_completed", "hook_failed")
+    __slots__ = ("sequence_number", "created", "in_progress", "output_item_added", "output_item_done", "content_part_added", "content_part_done", "output_text_delta", "output_text_done", "function_call_arguments_delta", "function_call_arguments_done", "reasoning_text_delta", "reasoning_text_done", "completed", "requires_action", "incomplete", "failed", "cancelled", "tool_execution_in_progress", "tool_execution_progress", "tool_execution_completed", "tool_execution_failed", "refusal_delta", "refusal_done", "turn_started", "turn_decided", "approval_requested", "paused", "resumed", "input_injected", "turn_completed", "hook_failed", "recovered")
     SEQUENCE_NUMBER_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     IN_PROGRESS_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,7 @@ class StreamEvent(_message.Message):
     INPUT_INJECTED_FIELD_NUMBER: _ClassVar[int]
     TURN_COMPLETED_FIELD_NUMBER: _ClassVar[int]
     HOOK_FAILED_FIELD_NUMBER: _ClassVar[int]
+    RECOVERED_FIELD_NUMBER: _ClassVar[int]
     sequence_number: int
     created: ResponseCreatedEvent
     in_progress: ResponseInProgressEvent
@@ -100,7 +101,8 @@ class StreamEvent(_message.Message):
     input_injected: InputInjectedEvent
     turn_completed: TurnCompletedEvent
     hook_failed: HookFailedEvent
-    def __init__(self, sequence_number: _Optional[int] = ..., created: _Optional[_Union[ResponseCreatedEvent, _Mapping]] = ..., in_progress: _Optional[_Union[ResponseInProgressEvent, _Mapping]] = ..., output_item_added: _Optional[_Union[OutputItemAddedEvent, _Mapping]] = ..., output_item_done: _Optional[_Union[OutputItemDoneEvent, _Mapping]] = ..., content_part_added: _Optional[_Union[ContentPartAddedEvent, _Mapping]] = ..., content_part_done: _Optional[_Union[ContentPartDoneEvent, _Mapping]] = ..., output_text_delta: _Optional[_Union[OutputTextDeltaEvent, _Mapping]] = ..., output_text_done: _Optional[_Union[OutputTextDoneEvent, _Mapping]] = ..., function_call_arguments_delta: _Optional[_Union[FunctionCallArgumentsDeltaEvent, _Mapping]] = ..., function_call_arguments_done: _Optional[_Union[FunctionCallArgumentsDoneEvent, _Mapping]] = ..., reasoning_text_delta: _Optional[_Union[ReasoningTextDeltaEvent, _Mapping]] = ..., reasoning_text_done: _Optional[_Union[ReasoningTextDoneEvent, _Mapping]] = ..., completed: _Optional[_Union[ResponseCompletedEvent, _Mapping]] = ..., requires_action: _Optional[_Union[ResponseRequiresActionEvent, _Mapping]] = ..., incomplete: _Optional[_Union[ResponseIncompleteEvent, _Mapping]] = ..., failed: _Optional[_Union[ResponseFailedEvent, _Mapping]] = ..., cancelled: _Optional[_Union[ResponseCancelledEvent, _Mapping]] = ..., tool_execution_in_progress: _Optional[_Union[ToolExecutionInProgressEvent, _Mapping]] = ..., tool_execution_progress: _Optional[_Union[ToolExecutionProgressEvent, _Mapping]] = ..., tool_execution_completed: _Optional[_Union[ToolExecutionCompletedEvent, _Mapping]] = ..., tool_execution_failed: _Optional[_Union[ToolExecutionFailedEvent, _Mapping]] = ..., refusal_delta: _Optional[_Union[RefusalDeltaEvent, _Mapping]] = ..., refusal_done: _Optional[_Union[RefusalDoneEvent, _Mapping]] = ..., turn_started: _Optional[_Union[TurnStartedEvent, _Mapping]] = ..., turn_decided: _Optional[_Union[TurnDecidedEvent, _Mapping]] = ..., approval_requested: _Optional[_Union[ApprovalRequestedEvent, _Mapping]] = ..., paused: _Optional[_Union[PausedEvent, _Mapping]] = ..., resumed: _Optional[_Union[ResumedEvent, _Mapping]] = ..., input_injected: _Optional[_Union[InputInjectedEvent, _Mapping]] = ..., turn_completed: _Optional[_Union[TurnCompletedEvent, _Mapping]] = ..., hook_failed: _Optional[_Union[HookFailedEvent, _Mapping]] = ...) -> None: ...
+    recovered: ResponseRecoveredEvent
+    def __init__(self, sequence_number: _Optional[int] = ..., created: _Optional[_Union[ResponseCreatedEvent, _Mapping]] = ..., in_progress: _Optional[_Union[ResponseInProgressEvent, _Mapping]] = ..., output_item_added: _Optional[_Union[OutputItemAddedEvent, _Mapping]] = ..., output_item_done: _Optional[_Union[OutputItemDoneEvent, _Mapping]] = ..., content_part_added: _Optional[_Union[ContentPartAddedEvent, _Mapping]] = ..., content_part_done: _Optional[_Union[ContentPartDoneEvent, _Mapping]] = ..., output_text_delta: _Optional[_Union[OutputTextDeltaEvent, _Mapping]] = ..., output_text_done: _Optional[_Union[OutputTextDoneEvent, _Mapping]] = ..., function_call_arguments_delta: _Optional[_Union[FunctionCallArgumentsDeltaEvent, _Mapping]] = ..., function_call_arguments_done: _Optional[_Union[FunctionCallArgumentsDoneEvent, _Mapping]] = ..., reasoning_text_delta: _Optional[_Union[ReasoningTextDeltaEvent, _Mapping]] = ..., reasoning_text_done: _Optional[_Union[ReasoningTextDoneEvent, _Mapping]] = ..., completed: _Optional[_Union[ResponseCompletedEvent, _Mapping]] = ..., requires_action: _Optional[_Union[ResponseRequiresActionEvent, _Mapping]] = ..., incomplete: _Optional[_Union[ResponseIncompleteEvent, _Mapping]] = ..., failed: _Optional[_Union[ResponseFailedEvent, _Mapping]] = ..., cancelled: _Optional[_Union[ResponseCancelledEvent, _Mapping]] = ..., tool_execution_in_progress: _Optional[_Union[ToolExecutionInProgressEvent, _Mapping]] = ..., tool_execution_progress: _Optional[_Union[ToolExecutionProgressEvent, _Mapping]] = ..., tool_execution_completed: _Optional[_Union[ToolExecutionCompletedEvent, _Mapping]] = ..., tool_execution_failed: _Optional[_Union[ToolExecutionFailedEvent, _Mapping]] = ..., refusal_delta: _Optional[_Union[RefusalDeltaEvent, _Mapping]] = ..., refusal_done: _Optional[_Union[RefusalDoneEvent, _Mapping]] = ..., turn_started: _Optional[_Union[TurnStartedEvent, _Mapping]] = ..., turn_decided: _Optional[_Union[TurnDecidedEvent, _Mapping]] = ..., approval_requested: _Optional[_Union[ApprovalRequestedEvent, _Mapping]] = ..., paused: _Optional[_Union[PausedEvent, _Mapping]] = ..., resumed: _Optional[_Union[ResumedEvent, _Mapping]] = ..., input_injected: _Optional[_Union[InputInjectedEvent, _Mapping]] = ..., turn_completed: _Optional[_Union[TurnCompletedEvent, _Mapping]] = ..., hook_failed: _Optional[_Union[HookFailedEvent, _Mapping]] = ..., recovered: _Optional[_Union[ResponseRecoveredEvent, _Mapping]] = ...) -> None: ...
 
 class ResponseCreatedEvent(_message.Message):
     __slots__ = ("response",)
@@ -387,3 +389,13 @@ class TurnCompletedEvent(_message.Message):
     turn: int
     duration: _duration_pb2.Duration
     def __init__(self, turn: _Optional[int] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class ResponseRecoveredEvent(_message.Message):
+    __slots__ = ("from_turn", "reason", "last_sequence_number")
+    FROM_TURN_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQUENCE_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    from_turn: int
+    reason: str
+    last_sequence_number: int
+    def __init__(self, from_turn: _Optional[int] = ..., reason: _Optional[str] = ..., last_sequence_number: _Optional[int] = ...) -> None: ...

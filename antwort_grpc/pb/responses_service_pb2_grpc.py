@@ -71,6 +71,11 @@ class ResponsesServiceStub:
                 request_serializer=antwort_dot_v1_dot_responses__service__pb2.ControlResponseRequest.SerializeToString,
                 response_deserializer=antwort_dot_v1_dot_responses__service__pb2.ControlResponseResponse.FromString,
                 _registered_method=True)
+        self.AttachResponse = channel.unary_stream(
+                '/antwort.v1.ResponsesService/AttachResponse',
+                request_serializer=antwort_dot_v1_dot_responses__service__pb2.AttachResponseRequest.SerializeToString,
+                response_deserializer=antwort_dot_v1_dot_responses__service__pb2.AttachResponseResponse.FromString,
+                _registered_method=True)
 
 
 class ResponsesServiceServicer:
@@ -127,6 +132,18 @@ class ResponsesServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AttachResponse(self, request, context):
+        """Reads the events of a stored background response (or of one created with an idempotency
+        key) after `starting_after`, then follows it live to its terminal event, on any replica,
+        while it runs or after it ended (within the event log's retention). Safe to retry: re-attach
+        with the last sequence number read. NOT_FOUND: no such response for this caller;
+        OUT_OF_RANGE: starting_after is beyond the log; FAILED_PRECONDITION: the log is gone (expired,
+        over its size cap, or never kept) and only the final response is left (GetResponse).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ResponsesServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -164,6 +181,11 @@ def add_ResponsesServiceServicer_to_server(servicer, server):
                     servicer.ControlResponse,
                     request_deserializer=antwort_dot_v1_dot_responses__service__pb2.ControlResponseRequest.FromString,
                     response_serializer=antwort_dot_v1_dot_responses__service__pb2.ControlResponseResponse.SerializeToString,
+            ),
+            'AttachResponse': grpc.unary_stream_rpc_method_handler(
+                    servicer.AttachResponse,
+                    request_deserializer=antwort_dot_v1_dot_responses__service__pb2.AttachResponseRequest.FromString,
+                    response_serializer=antwort_dot_v1_dot_responses__service__pb2.AttachResponseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -356,6 +378,33 @@ class ResponsesService:
             '/antwort.v1.ResponsesService/ControlResponse',
             antwort_dot_v1_dot_responses__service__pb2.ControlResponseRequest.SerializeToString,
             antwort_dot_v1_dot_responses__service__pb2.ControlResponseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AttachResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/antwort.v1.ResponsesService/AttachResponse',
+            antwort_dot_v1_dot_responses__service__pb2.AttachResponseRequest.SerializeToString,
+            antwort_dot_v1_dot_responses__service__pb2.AttachResponseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,7 +28,7 @@ from antwort_grpc.pb import tool_pb2 as antwort_dot_v1_dot_tool__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&antwort/v1/tool_executor_service.proto\x12\nantwort.v1\x1a\x15\x61ntwort/v1/item.proto\x1a\x15\x61ntwort/v1/tool.proto\x1a\x1egoogle/protobuf/duration.proto\"\x18\n\x16GetExecutorInfoRequest\"t\n\x17GetExecutorInfoResponse\x12\"\n\x04kind\x18\x01 \x01(\x0e\x32\x14.antwort.v1.ToolKind\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\'\n\x05tools\x18\x03 \x03(\x0b\x32\x18.antwort.v1.ExecutorTool\"|\n\x0c\x45xecutorTool\x12*\n\x08\x66unction\x18\x01 \x01(\x0b\x32\x18.antwort.v1.FunctionTool\x12\x14\n\x0cserver_label\x18\x02 \x01(\t\x12*\n\x07timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"3\n\x11\x43\x61nExecuteRequest\x12\x1e\n\x04tool\x18\x01 \x01(\x0b\x32\x10.antwort.v1.Tool\")\n\x12\x43\x61nExecuteResponse\x12\x13\n\x0b\x63\x61n_execute\x18\x01 \x01(\x08\"X\n\x0e\x45xecuteRequest\x12&\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x18.antwort.v1.FunctionCall\x12\x1e\n\x04tool\x18\x02 \x01(\x0b\x32\x10.antwort.v1.Tool\"{\n\x0f\x45xecuteResponse\x12,\n\x08progress\x18\x01 \x01(\x0b\x32\x18.antwort.v1.ToolProgressH\x00\x12\x30\n\x06result\x18\x02 \x01(\x0b\x32\x1e.antwort.v1.FunctionCallOutputH\x00\x42\x08\n\x06update\"\x1f\n\x0cToolProgress\x12\x0f\n\x07message\x18\x01 \x01(\t*}\n\x08ToolKind\x12\x19\n\x15TOOL_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12TOOL_KIND_FUNCTION\x10\x01\x12\x11\n\rTOOL_KIND_MCP\x10\x02\x12\x15\n\x11TOOL_KIND_SANDBOX\x10\x03\x12\x14\n\x10TOOL_KIND_CUSTOM\x10\x04\x32\x84\x02\n\x13ToolExecutorService\x12Z\n\x0fGetExecutorInfo\x12\".antwort.v1.GetExecutorInfoRequest\x1a#.antwort.v1.GetExecutorInfoResponse\x12K\n\nCanExecute\x12\x1d.antwort.v1.CanExecuteRequest\x1a\x1e.antwort.v1.CanExecuteResponse\x12\x44\n\x07\x45xecute\x12\x1a.antwort.v1.ExecuteRequest\x1a\x1b.antwort.v1.ExecuteResponse0\x01\x42t\n\x14io.github.antwort.v1B\x18ToolExecutorServiceProtoP\x01Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&antwort/v1/tool_executor_service.proto\x12\nantwort.v1\x1a\x15\x61ntwort/v1/item.proto\x1a\x15\x61ntwort/v1/tool.proto\x1a\x1egoogle/protobuf/duration.proto\"\x18\n\x16GetExecutorInfoRequest\"t\n\x17GetExecutorInfoResponse\x12\"\n\x04kind\x18\x01 \x01(\x0e\x32\x14.antwort.v1.ToolKind\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\'\n\x05tools\x18\x03 \x03(\x0b\x32\x18.antwort.v1.ExecutorTool\"\x90\x01\n\x0c\x45xecutorTool\x12*\n\x08\x66unction\x18\x01 \x01(\x0b\x32\x18.antwort.v1.FunctionTool\x12\x14\n\x0cserver_label\x18\x02 \x01(\t\x12*\n\x07timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nidempotent\x18\x04 \x01(\x08\"3\n\x11\x43\x61nExecuteRequest\x12\x1e\n\x04tool\x18\x01 \x01(\x0b\x32\x10.antwort.v1.Tool\")\n\x12\x43\x61nExecuteResponse\x12\x13\n\x0b\x63\x61n_execute\x18\x01 \x01(\x08\"X\n\x0e\x45xecuteRequest\x12&\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x18.antwort.v1.FunctionCall\x12\x1e\n\x04tool\x18\x02 \x01(\x0b\x32\x10.antwort.v1.Tool\"{\n\x0f\x45xecuteResponse\x12,\n\x08progress\x18\x01 \x01(\x0b\x32\x18.antwort.v1.ToolProgressH\x00\x12\x30\n\x06result\x18\x02 \x01(\x0b\x32\x1e.antwort.v1.FunctionCallOutputH\x00\x42\x08\n\x06update\"\x1f\n\x0cToolProgress\x12\x0f\n\x07message\x18\x01 \x01(\t*}\n\x08ToolKind\x12\x19\n\x15TOOL_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12TOOL_KIND_FUNCTION\x10\x01\x12\x11\n\rTOOL_KIND_MCP\x10\x02\x12\x15\n\x11TOOL_KIND_SANDBOX\x10\x03\x12\x14\n\x10TOOL_KIND_CUSTOM\x10\x04\x32\x84\x02\n\x13ToolExecutorService\x12Z\n\x0fGetExecutorInfo\x12\".antwort.v1.GetExecutorInfoRequest\x1a#.antwort.v1.GetExecutorInfoResponse\x12K\n\nCanExecute\x12\x1d.antwort.v1.CanExecuteRequest\x1a\x1e.antwort.v1.CanExecuteResponse\x12\x44\n\x07\x45xecute\x12\x1a.antwort.v1.ExecuteRequest\x1a\x1b.antwort.v1.ExecuteResponse0\x01\x42t\n\x14io.github.antwort.v1B\x18ToolExecutorServiceProtoP\x01Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,24 +36,24 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'antwort.v1.tool_executor_se
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\024io.github.antwort.v1B\030ToolExecutorServiceProtoP\001Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1'
-  _globals['_TOOLKIND']._serialized_start=746
-  _globals['_TOOLKIND']._serialized_end=871
+  _globals['_TOOLKIND']._serialized_start=767
+  _globals['_TOOLKIND']._serialized_end=892
   _globals['_GETEXECUTORINFOREQUEST']._serialized_start=132
   _globals['_GETEXECUTORINFOREQUEST']._serialized_end=156
   _globals['_GETEXECUTORINFORESPONSE']._serialized_start=158
   _globals['_GETEXECUTORINFORESPONSE']._serialized_end=274
-  _globals['_EXECUTORTOOL']._serialized_start=276
-  _globals['_EXECUTORTOOL']._serialized_end=400
-  _globals['_CANEXECUTEREQUEST']._serialized_start=402
-  _globals['_CANEXECUTEREQUEST']._serialized_end=453
-  _globals['_CANEXECUTERESPONSE']._serialized_start=455
-  _globals['_CANEXECUTERESPONSE']._serialized_end=496
-  _globals['_EXECUTEREQUEST']._serialized_start=498
-  _globals['_EXECUTEREQUEST']._serialized_end=586
-  _globals['_EXECUTERESPONSE']._serialized_start=588
-  _globals['_EXECUTERESPONSE']._serialized_end=711
-  _globals['_TOOLPROGRESS']._serialized_start=713
-  _globals['_TOOLPROGRESS']._serialized_end=744
-  _globals['_TOOLEXECUTORSERVICE']._serialized_start=874
-  _globals['_TOOLEXECUTORSERVICE']._serialized_end=1134
+  _globals['_EXECUTORTOOL']._serialized_start=277
+  _globals['_EXECUTORTOOL']._serialized_end=421
+  _globals['_CANEXECUTEREQUEST']._serialized_start=423
+  _globals['_CANEXECUTEREQUEST']._serialized_end=474
+  _globals['_CANEXECUTERESPONSE']._serialized_start=476
+  _globals['_CANEXECUTERESPONSE']._serialized_end=517
+  _globals['_EXECUTEREQUEST']._serialized_start=519
+  _globals['_EXECUTEREQUEST']._serialized_end=607
+  _globals['_EXECUTERESPONSE']._serialized_start=609
+  _globals['_EXECUTERESPONSE']._serialized_end=732
+  _globals['_TOOLPROGRESS']._serialized_start=734
+  _globals['_TOOLPROGRESS']._serialized_end=765
+  _globals['_TOOLEXECUTORSERVICE']._serialized_start=895
+  _globals['_TOOLEXECUTORSERVICE']._serialized_end=1155
 # @@protoc_insertion_point(module_scope)

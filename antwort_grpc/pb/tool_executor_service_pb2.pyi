@@ -41,14 +41,16 @@ class GetExecutorInfoResponse(_message.Message):
     def __init__(self, kind: _Optional[_Union[ToolKind, str]] = ..., name: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[ExecutorTool, _Mapping]]] = ...) -> None: ...
 
 class ExecutorTool(_message.Message):
-    __slots__ = ("function", "server_label", "timeout")
+    __slots__ = ("function", "server_label", "timeout", "idempotent")
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
     SERVER_LABEL_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENT_FIELD_NUMBER: _ClassVar[int]
     function: _tool_pb2.FunctionTool
     server_label: str
     timeout: _duration_pb2.Duration
-    def __init__(self, function: _Optional[_Union[_tool_pb2.FunctionTool, _Mapping]] = ..., server_label: _Optional[str] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    idempotent: bool
+    def __init__(self, function: _Optional[_Union[_tool_pb2.FunctionTool, _Mapping]] = ..., server_label: _Optional[str] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotent: _Optional[bool] = ...) -> None: ...
 
 class CanExecuteRequest(_message.Message):
     __slots__ = ("tool",)

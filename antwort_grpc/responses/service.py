@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 import grpc
 
@@ -47,6 +48,8 @@ class Responses:
         self.limits = limits
         # What the model backend is known not to do: refused before a response is created.
         self.served = served or Capabilities()
+        # Background responses and idempotency keys (responses/durable.py); None: not offered.
+        self.durable: Any = None
 
     @property
     def hooked(self) -> bool:
@@ -61,14 +64,12 @@ class Responses:
         timeout: float | None = None,
         controller: bool = False,
         caller: Caller | None = None,
+        response_id: str = "",
     ) -> Run:
-        """A started (and stored) response; iterate `run.events()` to run it."""
-        await check_create(request, self.limits)
-        check_servable(request, self.served, self.engine.config.default_model)
+        """A started (and stored) response; iterate `run.events()` to run it. `response_id`: the
+        id to give it (responses/durable.py binds an idempotency key to it first)."""
+        await self.check(request)
         server = self.engine.server_limits
-        violations = validate_policy(request, server)
-        if violations:
-            raise invalid_argument(violations)
 
         def problems(replaced: pb.CreateResponseRequest) -> list[str]:
             found = validate_create(replaced, self.limits) + validate_policy(replaced, server)
@@ -76,8 +77,22 @@ class Responses:
 
         hooks = hook_run(self.engine.config.hooks, request, caller, owner)
         return await self.engine.start(
-            request, owner=owner, timeout=timeout, controller=controller, hook_run=hooks, problems=problems
+            request,
+            owner=owner,
+            timeout=timeout,
+            controller=controller,
+            hook_run=hooks,
+            problems=problems,
+            response_id=response_id,
         )
+
+    async def check(self, request: pb.CreateResponseRequest) -> None:
+        """What a create is refused for before anything starts (INVALID_ARGUMENT and the like)."""
+        await check_create(request, self.limits)
+        check_servable(request, self.served, self.engine.config.default_model)
+        violations = validate_policy(request, self.engine.server_limits)
+        if violations:
+            raise invalid_argument(violations)
 
     async def get(self, response_id: str, owner: str = "") -> pb.Response:
         _require_id(response_id)

@@ -57,6 +57,8 @@ def validate_create(
         v.append(FieldViolation("top_p", "must be between 0 and 1"))
     if request.delta_coalescing.HasField("max_hold"):
         _check_duration(request.delta_coalescing.max_hold, "delta_coalescing.max_hold", coalesce.MAX_HOLD, v)
+    if request.background and request.HasField("store") and not request.store:
+        v.append(FieldViolation("background", "a background response is stored: it needs store (true or unset)"))
     if len(request.metadata) > limits.max_metadata:
         v.append(FieldViolation("metadata", f"at most {limits.max_metadata} entries"))
     else:

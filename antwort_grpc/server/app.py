@@ -97,6 +97,8 @@ class Gateway:
         cuts what is left."""
         if self.watcher is not None:
             self.watcher.cancel()
+        # Background runs do not wait for the grace: another replica resumes them now.
+        await self.core.hand_over()
         await self.health.enter_graceful_shutdown()
         if drain > 0:
             await asyncio.sleep(drain)

@@ -20,8 +20,11 @@ from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.grpc_status import abort
 from antwort_grpc.hooks.service import Caller
 from antwort_grpc.responses.controls import validate_control
+from antwort_grpc.responses.durable import idempotency_key
 from antwort_grpc.responses.service import Responses, rejection
+from antwort_grpc.server import durable_rpc
 from antwort_grpc.server.decode import EventMessage, request_bytes, reservation
+from antwort_grpc.server.durable_rpc import wants_durable
 
 # grpc ships no type information: the servicer context is untyped.
 Context: TypeAlias = Any
@@ -53,6 +56,10 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
         self, request: pb.CreateResponseRequest, context: Context
     ) -> AsyncIterator[EventMessage]:  # a CreateResponseResponse on the wire
         metadata = context.invocation_metadata() or ()
+        if wants_durable(request, metadata):
+            async for message in self._durable_create(request, context, metadata):
+                yield message
+            return
         try:
             async with self.edge.stream("CreateResponse", current_identity.get(), metadata) as watch:
                 # Admitted before its request was parsed (the reservation taken over), else now.
@@ -82,6 +89,63 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
                         watch.ended()
                     finally:
                         await events.aclose()
+        except RequestError as err:
+            await abort(context, err)
+
+    async def _durable_create(
+        self, request: pb.CreateResponseRequest, context: Context, metadata: Any
+    ) -> AsyncIterator[EventMessage]:
+        """A background create, or one with an idempotency key (server/durable_rpc.py)."""
+        try:
+            async with self.edge.stream("CreateResponse", current_identity.get(), metadata) as watch:
+                durable = self.responses.durable
+                if durable is None:
+                    raise durable_rpc.unavailable()
+                # Admitted as any create; a background run keeps its room until it ends.
+                reserved = reservation.get()
+                admitted = durable_rpc.Admitted(
+                    reserved
+                    if reserved is not None
+                    else self.edge.admission.reserve(request_bytes.get() or request.ByteSize())
+                )
+                try:
+                    messages = durable_rpc.durable_create(
+                        durable,
+                        request,
+                        owner=owner_of(context),
+                        key=idempotency_key(metadata),
+                        timeout=context.time_remaining(),
+                        caller=caller_of(context) if self.responses.hooked else None,
+                        watch=watch,
+                        admitted=admitted,
+                    )
+                    async with contextlib.aclosing(messages):
+                        async for message in messages:
+                            yield message
+                finally:
+                    admitted.done()
+                    if admitted.kept:
+                        reservation.set(None)  # the run gives it back, not the door
+                watch.ended()
+        except RequestError as err:
+            await abort(context, err)
+
+    async def AttachResponse(
+        self, request: pb.AttachResponseRequest, context: Context
+    ) -> AsyncIterator[EventMessage]:  # an AttachResponseResponse on the wire
+        metadata = context.invocation_metadata() or ()
+        try:
+            async with self.edge.stream("AttachResponse", current_identity.get(), metadata) as watch:
+                durable = self.responses.durable
+                if durable is None:
+                    raise durable_rpc.unavailable()
+                messages = durable_rpc.attached(
+                    durable, request.response_id, owner_of(context), request.starting_after, watch
+                )
+                async with contextlib.aclosing(messages):
+                    async for message in messages:
+                        yield message
+                watch.ended()
         except RequestError as err:
             await abort(context, err)
 
@@ -165,8 +229,10 @@ class _Session:
         self.caller = caller_of(context)
         # What the reader hands over: the next response to start, the error that ends the stream
         # (a bad first message), or None once the client has stopped sending.
-        self.creates: asyncio.Queue[Create | RequestError | None] = asyncio.Queue()
+        self.creates: asyncio.Queue[Create | RequestError | pb.AttachResponseRequest | None] = asyncio.Queue()
         self.run: Run | None = None
+        # The response the session follows after an attach (its controls go there).
+        self.attached: str | None = None
         # Controls that came while the response was being started: delivered once it runs.
         self.early: list[pb.Control] | None = None
         # One write at a time: events from this task, rejections from the reader.
@@ -183,9 +249,17 @@ class _Session:
                     self.watch.refused(next_create)
                     await abort(self.context, next_create)
                     return
+                if isinstance(next_create, pb.AttachResponseRequest):
+                    await self._attach(next_create)
+                    first = False
+                    continue
                 request, size, reserved = next_create
                 request.stream = True  # a session always streams its events
                 try:
+                    if request.background:
+                        if reserved is not None:
+                            reserved.release()
+                        raise invalid_argument([_NOT_HERE])
                     # Each response of the session is admitted apart, for as long as it runs:
                     # before its create was parsed (the reservation taken over), else now.
                     with self.edge.response(size, reserved) as admitted:
@@ -214,7 +288,29 @@ class _Session:
                 if isinstance(left, tuple) and left[2] is not None:
                     left[2].release()
 
-    async def _next(self, idle_timeout: float) -> Create | RequestError | None:
+    async def _attach(self, request: pb.AttachResponseRequest) -> None:
+        """Follow a response already running (its log), as a create's events would be."""
+        durable = self.responses.durable
+        try:
+            if durable is None:
+                raise durable_rpc.unavailable()
+            await durable.attach_check(request.response_id, self.owner, request.starting_after)
+        except RequestError as err:
+            self.attached = None
+            self.watch.refused(err)
+            await abort(self.context, err)
+            return
+        try:
+            async with contextlib.aclosing(
+                durable.follow(request.response_id, self.owner, request.starting_after)
+            ) as events:
+                async for _seq, data in events:
+                    async with self.writing:
+                        await self.context.write(EventMessage(durable_rpc.FROM_WIRE, data))
+        finally:
+            self.attached = None
+
+    async def _next(self, idle_timeout: float) -> Create | RequestError | pb.AttachResponseRequest | None:
         """What the reader hands over next; an idle_timeout error when nothing comes in time."""
         if not idle_timeout:
             return await self.creates.get()
@@ -270,13 +366,23 @@ class _Session:
                 which = message.WhichOneof("message")
                 if which != "create" and reserved is not None:
                     reserved.release()  # a create field, followed by another of the oneof
+                if first and which == "attach":
+                    self.attached = message.attach.response_id
+                    self.creates.put_nowait(message.attach)
+                    first = False
+                    continue
+                if which == "attach":
+                    await self._reject(
+                        invalid_argument([FieldViolation("attach", "only the first message of a session attaches")])
+                    )
+                    continue
                 if first and which != "create":
                     violation = FieldViolation("create", "the first message of a session starts a response")
                     self.creates.put_nowait(invalid_argument([violation]))
                     return
                 first = False
                 if which == "create":
-                    if self.run is not None or self.early is not None:
+                    if self.run is not None or self.early is not None or self.attached is not None:
                         if reserved is not None:
                             reserved.release()
                         await self._reject(_busy())
@@ -303,6 +409,10 @@ class _Session:
             if self.run is None and self.early is not None:
                 self.early.append(control)
                 return
+            if self.run is None and self.attached is not None:
+                # Wherever the attached response runs (this replica or another).
+                await self.responses.control(self.attached, control, self.owner)
+                return
             if self.run is None:
                 raise RequestError(
                     grpc.StatusCode.FAILED_PRECONDITION,
@@ -320,6 +430,11 @@ class _Session:
 
 
 _TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled", "requires_action"})
+# A session's responses belong to it: a background one starts with CreateResponse, and a session
+# attaches to it.
+_NOT_HERE = FieldViolation(
+    "create.background", "a session runs its own responses: start a background one with CreateResponse, then attach"
+)
 
 
 def _busy() -> RequestError:

@@ -13,6 +13,7 @@ from antwort_grpc.storage.base import RUNNING, ItemPage, StoredResponse
 from antwort_grpc.storage.codec import mark_interrupted, page_items
 from antwort_grpc.storage.maintenance import CancelCallbacks
 from antwort_grpc.storage.options import StoreOptions
+from antwort_grpc.storage.runlog_memory import MemoryRunLog, RunTables
 
 
 @dataclass(slots=True)
@@ -33,6 +34,8 @@ class MemoryDatabase:
     entries: dict[str, _Entry] = field(default_factory=dict)
     # The sum of the entries' sizes.
     size: int = 0
+    # Background runs: event logs, checkpoints, leases, idempotency keys (runlog_memory.py).
+    runs: RunTables = field(default_factory=RunTables)
 
     def put(self, key: str, entry: _Entry, max_entries: int, max_bytes: int) -> None:
         """Keep `entry` under `key`, then evict down to the bounds (one call per save)."""
@@ -66,6 +69,7 @@ class MemoryStore:
         self.options = options or StoreOptions()
         self.database = database or MemoryDatabase()
         self._cancels = CancelCallbacks()
+        self.runlog = MemoryRunLog(self.database.runs, self.options)
 
     @property
     def _entries(self) -> dict[str, _Entry]:
@@ -130,7 +134,11 @@ class MemoryStore:
 
     async def close(self) -> None:
         for entry in self._entries.values():
-            if entry.instance == self.options.instance_id and entry.record.response.status in RUNNING:
+            if (
+                entry.instance == self.options.instance_id
+                and entry.record.response.status in RUNNING
+                and not self.database.runs.resumable(entry.record.response.id)
+            ):
                 mark_interrupted(entry.record.response)
 
 

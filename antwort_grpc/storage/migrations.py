@@ -34,6 +34,43 @@ SQLITE: list[tuple[str, ...]] = [
         f"CREATE INDEX antwort_responses_running ON antwort_responses (id) WHERE status IN {RUNNING_SQL}",
         "CREATE INDEX antwort_responses_expiry ON antwort_responses (expires_at) WHERE expires_at IS NOT NULL",
     ),
+    (
+        # Background runs (storage/runlog.py): the lease, the last checkpoint, the log's state.
+        # Times are epoch seconds of the gateway's clock.
+        """CREATE TABLE antwort_runs (
+            id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            request BLOB NOT NULL,
+            lease_instance TEXT NOT NULL,
+            lease_until REAL NOT NULL,
+            handed_over INTEGER NOT NULL DEFAULT 0,
+            last_seq INTEGER NOT NULL DEFAULT 0,
+            log_bytes INTEGER NOT NULL DEFAULT 0,
+            truncated INTEGER NOT NULL DEFAULT 0,
+            ended INTEGER NOT NULL DEFAULT 0,
+            expires_at REAL,
+            cp_response BLOB,
+            cp_turn INTEGER NOT NULL DEFAULT 0,
+            cp_round INTEGER NOT NULL DEFAULT 0,
+            cp_seq INTEGER NOT NULL DEFAULT 0
+        )""",
+        "CREATE INDEX antwort_runs_open ON antwort_runs (lease_until) WHERE ended = 0",
+        "CREATE INDEX antwort_runs_expiry ON antwort_runs (expires_at) WHERE expires_at IS NOT NULL",
+        """CREATE TABLE antwort_events (
+            response_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            event BLOB NOT NULL,
+            PRIMARY KEY (response_id, seq)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE antwort_idempotency (
+            owner TEXT NOT NULL,
+            key TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            response_id TEXT NOT NULL,
+            expires_at REAL NOT NULL,
+            PRIMARY KEY (owner, key)
+        )""",
+    ),
 ]
 
 POSTGRES: list[tuple[str, ...]] = [
@@ -65,6 +102,43 @@ POSTGRES: list[tuple[str, ...]] = [
             created_at TIMESTAMPTZ NOT NULL DEFAULT now()
         )""",
         "CREATE INDEX antwort_controls_open ON antwort_controls (instance) WHERE answer IS NULL",
+    ),
+    (
+        # Background runs (storage/runlog.py), as in SQLite's version 2. Lease and expiry times are
+        # epoch seconds of the replicas' clocks (kept in step by NTP; the lease has the margin).
+        """CREATE TABLE antwort_runs (
+            id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            request BYTEA NOT NULL,
+            lease_instance TEXT NOT NULL,
+            lease_until DOUBLE PRECISION NOT NULL,
+            handed_over BOOLEAN NOT NULL DEFAULT FALSE,
+            last_seq INTEGER NOT NULL DEFAULT 0,
+            log_bytes BIGINT NOT NULL DEFAULT 0,
+            truncated BOOLEAN NOT NULL DEFAULT FALSE,
+            ended BOOLEAN NOT NULL DEFAULT FALSE,
+            expires_at DOUBLE PRECISION,
+            cp_response BYTEA,
+            cp_turn INTEGER NOT NULL DEFAULT 0,
+            cp_round INTEGER NOT NULL DEFAULT 0,
+            cp_seq INTEGER NOT NULL DEFAULT 0
+        )""",
+        "CREATE INDEX antwort_runs_open ON antwort_runs (lease_until) WHERE NOT ended",
+        "CREATE INDEX antwort_runs_expiry ON antwort_runs (expires_at) WHERE expires_at IS NOT NULL",
+        """CREATE TABLE antwort_events (
+            response_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            event BYTEA NOT NULL,
+            PRIMARY KEY (response_id, seq)
+        )""",
+        """CREATE TABLE antwort_idempotency (
+            owner TEXT NOT NULL,
+            key TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            response_id TEXT NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (owner, key)
+        )""",
     ),
 ]
 

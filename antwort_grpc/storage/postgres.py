@@ -40,6 +40,7 @@ from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, from_row, interrupte
 from antwort_grpc.storage.maintenance import CancelCallbacks, run_every, stop_task
 from antwort_grpc.storage.migrations import migrate_postgres
 from antwort_grpc.storage.options import StoreOptions
+from antwort_grpc.storage.runlog_postgres import EVENTS_CHANNEL, HANDOVER_CHANNEL, PostgresRunLog
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -64,6 +65,8 @@ KEEPALIVES = {"tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5", "tcp_
 APPLICATION = "antwort-grpc"
 
 _LIVE = "(expires_at IS NULL OR expires_at > $3)"
+# A background run not ended is resumed by another replica (storage/runlog.py), not given up.
+_NOT_RESUMABLE = "id NOT IN (SELECT id FROM antwort_runs WHERE NOT ended)"
 # The WHERE keeps a late in-progress write from taking an ended response back to running.
 _UPSERT = f"""INSERT INTO antwort_responses
     (id, owner, status, previous_response_id, created_at, expires_at, instance, response, input_items)
@@ -98,6 +101,7 @@ class PostgresStore:
         self._answering: set[asyncio.Task[None]] = set()
         self._session: Connection | None = None
         self._task: asyncio.Task[None] | None = None
+        self.runlog = PostgresRunLog(pool, options)
 
     @classmethod
     async def open(cls, url: str, options: StoreOptions | None = None, *, pool_size: int = 10) -> PostgresStore:
@@ -120,7 +124,13 @@ class PostgresStore:
             await store._close_session()
             await pool.close()
             raise
-        steps = [store._ensure_session, store.mark_interrupted, store.poll_cancels, store.poll_controls]
+        steps = [
+            store._ensure_session,
+            store.mark_interrupted,
+            store.poll_cancels,
+            store.poll_controls,
+            store.runlog.purge_logs,
+        ]
         if options.ttl_seconds is not None:
             steps.append(store.purge_expired)
         store._task = run_every(options.maintenance_interval, steps, "postgres-store-upkeep")
@@ -192,6 +202,8 @@ class PostgresStore:
             await conn.execute(f"SELECT pg_advisory_lock({LOCK_KEY})", self.options.instance_id)
             await conn.add_listener(CHANNEL, self._notified)
             await conn.add_listener(CONTROL_CHANNEL, self._control_notified)
+            await conn.add_listener(EVENTS_CHANNEL, self.runlog.events_notified)
+            await conn.add_listener(HANDOVER_CHANNEL, self.runlog.handover_notified)
         except BaseException:
             await conn.close()
             raise
@@ -209,7 +221,8 @@ class PostgresStore:
         marked = 0
         async with self.pool.acquire() as conn:
             instances = await conn.fetch(
-                f"SELECT DISTINCT instance FROM antwort_responses WHERE status IN {RUNNING_SQL} AND instance <> $1",
+                f"""SELECT DISTINCT instance FROM antwort_responses WHERE status IN {RUNNING_SQL} AND instance <> $1
+                    AND {_NOT_RESUMABLE}""",
                 self.options.instance_id,
             )
             for (instance,) in instances:
@@ -344,7 +357,8 @@ class PostgresStore:
 async def _mark_instance(conn: AnyConnection, instance: str) -> int:
     """Mark an ended instance's running responses interrupted (inside the caller's transaction)."""
     rows = await conn.fetch(
-        f"SELECT id, response FROM antwort_responses WHERE instance = $1 AND status IN {RUNNING_SQL} FOR UPDATE",
+        f"""SELECT id, response FROM antwort_responses WHERE instance = $1 AND status IN {RUNNING_SQL}
+            AND {_NOT_RESUMABLE} FOR UPDATE""",
         instance,
     )
     await conn.executemany(

@@ -20,9 +20,10 @@ from pathlib import Path
 
 from antwort_grpc.storage.base import ItemPage, StoredResponse
 from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, Row, from_row, interrupted, page_items, to_row
-from antwort_grpc.storage.maintenance import CancelCallbacks, run_every, stop_task
+from antwort_grpc.storage.maintenance import CancelCallbacks, Step, run_every, stop_task
 from antwort_grpc.storage.migrations import migrate_sqlite
 from antwort_grpc.storage.options import StoreOptions
+from antwort_grpc.storage.runlog_sqlite import SQLiteRunLog
 from antwort_grpc.storage.sqlite_worker import SQLiteWorker
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class SQLiteStore:
         self._lock = lock
         self._cancels = CancelCallbacks()
         self._task: asyncio.Task[None] | None = None
+        self.runlog = SQLiteRunLog(writer, reader, options)
 
     @classmethod
     async def open(cls, path: Path, options: StoreOptions | None = None, *, synchronous: str = "NORMAL") -> SQLiteStore:
@@ -100,9 +102,11 @@ class SQLiteStore:
         marked = await store._mark_running_interrupted()
         if marked:
             log.warning("marked %d responses interrupted: left in progress by a gateway that stopped", marked)
+        steps: list[Step] = [store.runlog.purge_logs]
         if options.ttl_seconds is not None:
             await store.purge_expired()
-            store._task = run_every(options.maintenance_interval, [store.purge_expired], "sqlite-store-purge")
+            steps.append(store.purge_expired)
+        store._task = run_every(options.maintenance_interval, steps, "sqlite-store-purge")
         return store
 
     async def close(self) -> None:
@@ -158,7 +162,11 @@ class SQLiteStore:
         ended (the file lock says no other process runs any)."""
 
         def mark(conn: sqlite3.Connection) -> int:
-            rows = conn.execute(f"SELECT id, response FROM antwort_responses WHERE status IN {RUNNING_SQL}").fetchall()
+            # A background run not ended is resumed (storage/runlog.py), not given up.
+            rows = conn.execute(
+                f"""SELECT id, response FROM antwort_responses WHERE status IN {RUNNING_SQL}
+                    AND id NOT IN (SELECT id FROM antwort_runs WHERE ended = 0)"""
+            ).fetchall()
             conn.executemany(
                 "UPDATE antwort_responses SET status = ?, response = ? WHERE id = ?",
                 [(FAILED, interrupted(response), key) for key, response in rows],

@@ -92,14 +92,17 @@ def function_tool(
     server_label: str = "",
     *,
     timeout: float | None = None,
+    idempotent: bool = False,
 ) -> pb.ExecutorTool:
     """A tool as the model sees it; `timeout` (seconds) is the default limit of one call, which a
-    request may override."""
+    request may override. `idempotent`: a call may safely run twice (a resumed background
+    response runs an interrupted call again only then)."""
     schema = struct_pb2.Struct()
     json_format.ParseDict(dict(parameters), schema)
     tool = pb.ExecutorTool(
         function=pb.FunctionTool(name=name, description=description, parameters=schema),
         server_label=server_label,
+        idempotent=idempotent,
     )
     if timeout is not None:
         tool.timeout.FromNanoseconds(int(timeout * 1e9))

@@ -4,7 +4,8 @@
 // It holds one conversation and prints a transcript line per step: a streamed answer, a function
 // tool round trip (requires_action, then the result sent back with previous_response_id), the
 // google.rpc.BadRequest details of an INVALID_ARGUMENT, CancelResponse on a running answer, and a
-// bidirectional Converse session (converse.go): steer, approve, answer the call.
+// bidirectional Converse session (converse.go): steer, approve, answer the call; and a background
+// response whose stream it drops and re-attaches to (reattach.go).
 //
 //	go-client 127.0.0.1:50051
 //	go-client -hold-idle 60s 127.0.0.1:50051   (only: an idle Converse stream held at an approval)
@@ -223,7 +224,7 @@ func main() {
 		}
 		return
 	}
-	steps := []func(antwortv1.ResponsesServiceClient) error{streamText, toolRoundTrip, badRequest, cancelRunning, converse}
+	steps := []func(antwortv1.ResponsesServiceClient) error{streamText, toolRoundTrip, badRequest, cancelRunning, converse, reattach}
 	for _, step := range steps {
 		if err := step(client); err != nil {
 			fmt.Println("error:", err)

@@ -18,6 +18,7 @@ CONVERSE = [
     Reply(text="Once upon a time " + "there was a story " * 300, delay=0.02),  # steered mid-stream
     Reply(tool_calls=[WEATHER_CALL]),  # needs an approval, then is the client's to run
     Reply(text="Short: 21 °C in Paris."),
+    Reply(text="Once upon a time there was a gateway that kept its runs.", delay=0.05),  # dropped, re-attached
 ]
 
 
@@ -39,4 +40,6 @@ async def test_go_client_streams_calls_a_tool_reads_bad_request_details_cancels_
     assert steered[-1] == {"role": "user", "content": "Make it short, and check the weather."}
     answered = fake.chat_requests[6]["messages"]
     assert answered[-1] == {"role": "tool", "tool_call_id": "call_weather", "content": '{"temp": 21}'}
+    # The background story: read to sequence number 5, dropped, read on from 6 to its end.
+    assert line(lines, "reattached:") == "5 completed Once upon a time there was a gateway that kept its runs."
     assert lines[-1] == "get_missing: NOT_FOUND antwort.v1.Response resp_missing"

@@ -1,0 +1,186 @@
+"""Creates that outlive their call: background responses and idempotency keys, for every door.
+
+`begin` starts a create that is background or carries an idempotency key (a plain create never
+comes here): it binds the key to the response first, so a retry of the same create — on any
+replica, while the first still runs or after — finds that response instead of starting another
+run; the same key with a different create is refused. `attach` reads a background response's
+event log (responses/attach.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+
+from antwort_grpc import ids, pb
+from antwort_grpc.engine.run import Run
+from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
+from antwort_grpc.hooks.service import Caller
+from antwort_grpc.responses.attach import check_attach, follow
+from antwort_grpc.responses.background import Background, DurableSettings, Runner, snapshot
+from antwort_grpc.responses.service import Responses
+from antwort_grpc.storage.base import RUNNING
+from antwort_grpc.storage.runlog import RunLog
+
+__all__ = ["IDEMPOTENCY_KEY", "Begun", "Durability", "digest", "idempotency_key", "snapshot"]
+
+# The request metadata entry a client names a create with, to retry it safely.
+IDEMPOTENCY_KEY = "idempotency-key"
+# Visible ASCII without spaces, as most APIs take them (a UUID fits).
+_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+# Polling the store for the end of a retried create that is not background.
+END_POLL = (0.01, 0.5)
+
+
+def idempotency_key(metadata: object) -> str | None:
+    """The create's idempotency key (None: it has none); INVALID_ARGUMENT when malformed."""
+    for entry in metadata or ():  # type: ignore[attr-defined]
+        key, value = entry[0], entry[1]
+        if key == IDEMPOTENCY_KEY:
+            text = value if isinstance(value, str) else ""
+            if not _KEY.match(text):
+                raise invalid_argument(
+                    [FieldViolation(IDEMPOTENCY_KEY, "1 to 255 visible ASCII characters, no spaces (a UUID, say)")]
+                )
+            return text
+    return None
+
+
+def digest(request: pb.CreateResponseRequest) -> str:
+    """What makes two creates the same: every field but `stream` (a retry may read it either way)."""
+    copy = pb.CreateResponseRequest()
+    copy.CopyFrom(request)
+    copy.stream = False
+    return hashlib.sha256(copy.SerializeToString(deterministic=True)).hexdigest()
+
+
+@dataclass(slots=True)
+class Begun:
+    """What a durable create started, or found."""
+
+    # The run started here (None: the key named a response that exists already).
+    run: Run | None
+    runner: Runner | None
+    response_id: str
+    # The key named an earlier create's response.
+    replayed: bool = False
+    # That response keeps an event log (it is background): attach reads it.
+    logged: bool = False
+
+
+class Durability:
+    def __init__(self, responses: Responses, runlog: RunLog, settings: DurableSettings) -> None:
+        self.responses = responses
+        self.runlog = runlog
+        self.settings = settings
+        self.background = Background(responses.engine, responses.store, runlog, settings)
+
+    async def begin(
+        self,
+        request: pb.CreateResponseRequest,
+        *,
+        owner: str,
+        key: str | None,
+        timeout: float | None = None,
+        caller: Caller | None = None,
+    ) -> Begun:
+        if key is not None and request.HasField("store") and not request.store:
+            raise invalid_argument(
+                [FieldViolation(IDEMPOTENCY_KEY, "a create with an idempotency key is stored: it needs store")]
+            )
+        response_id = ""
+        if key is not None:
+            # Checked before the key is bound: a create that could never start binds nothing.
+            await self.responses.check(request)
+            response_id = ids.response_id()
+            found = await self.runlog.remember(
+                owner, key, digest(request), response_id, self.settings.idempotency_ttl_seconds
+            )
+            if found is not None:
+                return await self._replay(request, owner, key, found.response_id, found.digest)
+        if request.background and not request.stream:
+            # Its events are logged for whoever attaches: the model streams them, whatever this
+            # call reads.
+            streamed = pb.CreateResponseRequest()
+            streamed.CopyFrom(request)
+            streamed.stream = True
+            request = streamed
+        try:
+            run = await self.responses.create(
+                request,
+                owner=owner,
+                timeout=None if request.background else timeout,
+                # A background run waits for approvals (up to the approval timeout): whoever
+                # attaches, or ControlResponse from anywhere, decides them.
+                controller=request.background,
+                caller=caller,
+                response_id=response_id,
+            )
+        except BaseException:
+            if key is not None:
+                await self.runlog.forget(owner, key)
+            raise
+        runner = await self._log(run) if request.background else None
+        return Begun(run, runner, run.response_id, logged=runner is not None)
+
+    async def _log(self, run: Run) -> Runner:
+        """The run logged, leased and started in background; a store that cannot keep its log
+        leaves it cancelled (stored, but with no runner it would stay in progress for ever)."""
+        try:
+            return await self.background.begin(run)
+        except Exception as error:
+            run.stop("cancelled")
+            async with contextlib.aclosing(run.events()) as events:
+                async for _ in events:
+                    pass
+            raise RequestError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the store could not keep the event log ({type(error).__name__}): the response was cancelled",
+                reason="store_unavailable",
+            ) from error
+
+    async def _replay(
+        self, request: pb.CreateResponseRequest, owner: str, key: str, response_id: str, bound: str
+    ) -> Begun:
+        if bound != digest(request):
+            message = (
+                f"idempotency key {key!r} was used by a different create (response {response_id!r}): "
+                "a retry must repeat the request exactly; use a new key for a new request"
+            )
+            raise RequestError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                message,
+                [FieldViolation(IDEMPOTENCY_KEY, message)],
+                "idempotency_key_reused",
+            )
+        logged = await self.runlog.state(response_id, owner) is not None
+        return Begun(None, None, response_id, replayed=True, logged=logged)
+
+    async def attach_check(self, response_id: str, owner: str, starting_after: int) -> None:
+        from antwort_grpc.responses.service import _require_id
+
+        _require_id(response_id)
+        await check_attach(
+            self.runlog, self.responses.store, response_id, owner, starting_after, self.settings.log_max_bytes
+        )
+
+    def follow(self, response_id: str, owner: str, starting_after: int) -> AsyncIterator[tuple[int, bytes]]:
+        return follow(self.runlog, response_id, owner, starting_after)
+
+    async def ended(self, response_id: str, owner: str) -> pb.Response:
+        """The response once it is no longer running (a retried create that is not background)."""
+        delay, longest = END_POLL
+        while True:
+            record = await self.responses.store.get(response_id, owner)
+            if record is None:
+                raise RequestError(grpc.StatusCode.NOT_FOUND, f"response {response_id!r} is gone", reason="not_found")
+            if record.response.status not in RUNNING:
+                return record.response
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, longest)

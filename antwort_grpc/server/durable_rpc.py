@@ -1,0 +1,125 @@
+"""The gRPC side of durable creates (responses/durable.py): a background or idempotent
+CreateResponse, and AttachResponse. Events read from the log go out as the bytes the log holds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import grpc
+
+from antwort_grpc import pb
+from antwort_grpc.edge import Reservation, Watch
+from antwort_grpc.engine.run import Run
+from antwort_grpc.errors import RequestError
+from antwort_grpc.hooks.service import Caller
+from antwort_grpc.responses.durable import IDEMPOTENCY_KEY, Durability, snapshot
+from antwort_grpc.server.decode import EventMessage
+
+# Stands in for the event of a message written from its bytes (EventMessage writes `wire`).
+FROM_WIRE = pb.StreamEvent()
+
+
+class Admitted:
+    """The admission room of a durable create: given back when the call ends, or, for a
+    background run, when the run does (it goes on running here after the call)."""
+
+    def __init__(self, reservation: Reservation) -> None:
+        self.reservation = reservation
+        self.kept = False
+
+    def keep_until(self, task: asyncio.Task[None] | None) -> None:
+        if task is not None and not task.done():
+            self.kept = True
+            task.add_done_callback(lambda _: self.reservation.release())
+
+    def done(self) -> None:
+        if not self.kept:
+            self.reservation.release()
+
+
+def wants_durable(request: pb.CreateResponseRequest, metadata: Any) -> bool:
+    """Whether a create goes the durable way: background, or an idempotency key (a loop, not
+    any() over a generator: this is on every create's path)."""
+    if request.background:
+        return True
+    for entry in metadata:  # noqa: SIM110
+        if entry[0] == IDEMPOTENCY_KEY:
+            return True
+    return False
+
+
+def unavailable() -> RequestError:
+    return RequestError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "this gateway's store keeps no event log: background responses and idempotency keys need the "
+        "memory, SQLite or PostgreSQL store",
+        reason="durable_unavailable",
+    )
+
+
+async def durable_create(
+    durable: Durability,
+    request: pb.CreateResponseRequest,
+    *,
+    owner: str,
+    key: str | None,
+    timeout: float | None,
+    caller: Caller | None,
+    watch: Watch,
+    admitted: Admitted | None = None,
+) -> AsyncGenerator[EventMessage, None]:
+    begun = await durable.begin(request, owner=owner, key=key, timeout=timeout, caller=caller)
+    if begun.runner is not None and admitted is not None:
+        admitted.keep_until(begun.runner.task)
+    if begun.run is not None and begun.runner is None:
+        # An idempotent create that is not background: the connection owns it, as any create.
+        async for message in owned(begun.run, request.stream, watch):
+            yield message
+        return
+    if begun.runner is not None and not request.stream:
+        event, wire = await begun.runner.first
+        watch.saw(event)
+        yield EventMessage(event, wire)
+        return
+    if request.stream and begun.logged:
+        async for message in attached(durable, begun.response_id, owner, 0, watch):
+            yield message
+        return
+    # A retried non-streaming create, or one that is not background: the response as stored (it
+    # ended, for one that is not background: its retry waits for that).
+    if begun.logged:
+        record = await durable.responses.store.get(begun.response_id, owner)
+        response = record.response if record is not None else pb.Response()
+    else:
+        response = await durable.ended(begun.response_id, owner)
+    event = snapshot(response)
+    watch.saw(event)
+    yield EventMessage(event)
+
+
+async def owned(run: Run, stream: bool, watch: Watch) -> AsyncGenerator[EventMessage, None]:
+    events = run.events()
+    try:
+        last = None
+        async for event in events:
+            watch.saw(event)
+            if stream:
+                yield EventMessage(event, run.take_wire(event))
+            last = event
+        if not stream and last is not None:
+            yield EventMessage(last, run.take_wire(last))
+    finally:
+        await events.aclose()
+
+
+async def attached(
+    durable: Durability, response_id: str, owner: str, starting_after: int, watch: Watch
+) -> AsyncGenerator[EventMessage, None]:
+    """The log's events after `starting_after`, to the terminal one (checked first)."""
+    await durable.attach_check(response_id, owner, starting_after)
+    async for _seq, data in durable.follow(response_id, owner, starting_after):
+        if watch.observing:
+            watch.saw(pb.StreamEvent.FromString(data))
+        yield EventMessage(FROM_WIRE, data)
