@@ -32,6 +32,10 @@ from antwort_grpc.startup_errors import (
 def _serve_parser(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the gateway (ResponsesService)")
     p.add_argument("--listen", help="host:port (ANTWORT_LISTEN, default 127.0.0.1:50051)")
+    p.add_argument(
+        "--http-listen",
+        help="host:port of the Open Responses HTTP door, off: none (ANTWORT_HTTP_LISTEN, default 127.0.0.1:50080)",
+    )
     p.add_argument("--backend-url", help="OpenAI-compatible base URL (ANTWORT_BACKEND_URL)")
     p.add_argument("--model", help="default model (ANTWORT_MODEL)")
     p.add_argument("--store", help="memory | sqlite:///file.db | postgresql://… (ANTWORT_STORE)")
@@ -86,6 +90,7 @@ def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
 # The settings `serve` has a flag for (the others are environment variables only).
 SERVE_FLAGS = [
     "listen",
+    "http_listen",
     "backend_url",
     "model",
     "store",
