@@ -85,11 +85,13 @@ def _sdk_event_types() -> set[str]:
 
 
 async def test_the_sdk_stream_helper_assembles_the_final_response() -> None:
-    async with sdk(Reply(text="assembled text")) as (client, _, _):
-        async with client.responses.stream(model=MODEL, input="Say it.") as stream:
-            async for _ in stream:
-                pass
-            final = await stream.get_final_response()
+    async with (
+        sdk(Reply(text="assembled text")) as (client, _, _),
+        client.responses.stream(model=MODEL, input="Say it.") as stream,
+    ):
+        async for _ in stream:
+            pass
+        final = await stream.get_final_response()
     assert final.output_text == "assembled text"
 
 
@@ -107,9 +109,11 @@ async def test_the_sdk_retrieves_and_deletes_a_response() -> None:
 
 
 async def test_the_sdk_cancels_a_response_that_is_running() -> None:
-    async with sdk(Reply(text="slow words that take their time", delay=0.2)) as (client, doors, _):
+    # The backend holds its answer after the first word until the end of the test.
+    async with sdk(Reply(text="words that never all arrive", hold_at=2)) as (client, _, fake):
         stream = await client.responses.create(model=MODEL, input="Take your time.", stream=True)
         first = await anext(aiter(stream))
+        await fake.wait_held()
         assert first.type == "response.created"
         response_id = first.response.id
         cancelled = await client.responses.cancel(response_id)

@@ -79,6 +79,7 @@ class HttpDoor:
             middlewares=[self._errors, self._authenticate], client_max_size=self.settings.max_body_bytes
         )
         app.router.add_post("/v1/responses", self.create)
+        app.router.add_post("/v1/responses/compact", self.compact)
         app.router.add_get("/v1/responses/{id}", self.get)
         app.router.add_delete("/v1/responses/{id}", self.delete)
         app.router.add_post("/v1/responses/{id}/cancel", self.cancel)
@@ -255,6 +256,15 @@ class HttpDoor:
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
         return response
+
+    async def compact(self, request: web.Request) -> web.Response:
+        """The spec's compaction endpoint: not served (docs/http.md, "Differences")."""
+        raise RequestError(
+            grpc.StatusCode.NOT_FOUND,
+            "POST /v1/responses/compact: this gateway does not compact conversations; "
+            "truncation 'auto' fits a long conversation to the model's context instead",
+            reason="unsupported_endpoint",
+        )
 
     async def get(self, request: web.Request) -> web.Response:
         if request.query.get("stream", "false").lower() == "true":
