@@ -460,6 +460,7 @@ def item_json(item: pb.Item) -> JSON:
             "id": item.id,
             "summary": [{"type": "summary_text", "text": reasoning.summary}] if reasoning.summary else [],
             "content": [{"type": "reasoning_text", "text": reasoning.text}] if reasoning.text else [],
+            "status": status,
         }
         if reasoning.encrypted_content:
             body["encrypted_content"] = reasoning.encrypted_content
@@ -472,6 +473,7 @@ def item_json(item: pb.Item) -> JSON:
             "server_label": request.server_label,
             "name": request.name,
             "arguments": request.arguments,
+            "status": status,
         }
     decision = item.approval_response
     return {
@@ -480,6 +482,7 @@ def item_json(item: pb.Item) -> JSON:
         "approval_request_id": decision.call_id,
         "approve": decision.approve,
         "reason": decision.reason or None,
+        "status": status,
     }
 
 
