@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench import figures, hooks_figure, interactive, observability_figure, profile, report
+from bench import figures, hooks_figure, http_figure, interactive, observability_figure, profile, report
 from bench.procs import Child, load_average, machine, spawn
 from bench.stats import Results
 
@@ -54,6 +54,7 @@ FIGURES: dict[str, Figure] = {
     "steer": interactive.steer_latency,
     "hooks": hooks_figure.hooks_overhead,
     "observability": observability_figure.observability_cost,
+    "http": http_figure.http_cost,
 }
 
 
