@@ -335,3 +335,26 @@ async def _next_event(response: aiohttp.ClientResponse) -> dict[str, Any]:
         if line.startswith("data: "):
             event: dict[str, Any] = json.loads(line[len("data: ") :])
             return event
+
+
+async def test_a_tool_that_needs_approval_is_approved_with_openais_approval_items() -> None:
+    from tests.fakes import MockExecutor, echo
+
+    provider = ScriptedProvider([[Call.of("lookup", {"q": "x"})], [Text("Approved and done.")]])
+    executor = MockExecutor({"lookup": echo})
+    tool = {**LOOKUP, "require_approval": "always"}
+    async with running_doors(provider=provider, executors=[executor]) as doors:
+        status, first = await post(doors, {"model": MODEL, "input": "go", "tools": [tool]})
+        assert status == 200 and first["status"] == "completed"
+        requests = [item for item in first["output"] if item["type"] == "mcp_approval_request"]
+        assert [(r["name"], r["arguments"]) for r in requests] == [("lookup", '{"q": "x"}')]
+        assert executor.calls == []
+        answer = {"type": "mcp_approval_response", "approval_request_id": requests[0]["id"], "approve": True}
+        status, second = await post(
+            doors, {"model": MODEL, "previous_response_id": first["id"], "tools": [tool], "input": [answer]}
+        )
+    assert status == 200 and second["status"] == "completed", second
+    assert len(executor.calls) == 1
+    assert second["output"][0]["type"] == "function_call_output"
+    assert second["output"][-1]["content"][0]["text"] == "Approved and done."
+    assert_schema(second)
