@@ -116,6 +116,9 @@ def _serve(args: argparse.Namespace) -> int:
     settings = gateway_settings(args)
     _logging(settings.log_level, settings.log_format, native=True)
     check_listen(settings.listen, "--listen / ANTWORT_LISTEN")
+    if "http_listen" in settings.model_fields_set and settings.http_listen.strip().lower() not in ("", "off"):
+        # A set HTTP address must bind (its default may be taken: the door is then off).
+        check_listen(settings.http_listen, "--http-listen / ANTWORT_HTTP_LISTEN")
     from antwort_grpc.server.serve import serve
 
     try:

@@ -187,11 +187,20 @@ class HttpDoor:
         metadata = _metadata(request)
         # Admitted by its size before it is parsed, as on the gRPC door: parsing makes several
         # times its bytes in objects, which a refused request should not have cost.
-        reserved = self.edge.admission.reserve(len(raw))
         try:
-            create = create_request(_json(raw))
-            if create.background:
-                raise background_unavailable()
+            reserved = self.edge.admission.reserve(len(raw))
+        except RequestError as err:
+            self.edge.refused("CreateResponse", err)
+            raise
+        try:
+            try:
+                create = create_request(_json(raw))
+                if create.background:
+                    raise background_unavailable()
+            except RequestError as err:
+                # Counted as the gRPC door counts a request that does not parse.
+                self.edge.refused("CreateResponse", err)
+                raise
             extended = request.headers.get(EXTENSIONS_HEADER, "").strip().lower() == EXTENDED
             async with self.edge.stream("CreateResponse", current_identity.get(), metadata) as watch:
                 with self.edge.response(len(raw), reserved):
