@@ -9,7 +9,9 @@ backend (`grpc_added_latency_p50_ms_same_run` beside it, the gRPC door measured 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import http.client
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -20,7 +22,7 @@ import aiohttp
 from antwort_grpc import pb
 from bench.backend import model_name
 from bench.clients import Direct, channel, create, drive
-from bench.figures import TEXT, Scale, gateway
+from bench.figures import STREAM_CLIENTS, TEXT, Scale, _stream_load, gateway
 from bench.procs import Child
 from bench.stats import Results, percentile
 
@@ -44,44 +46,59 @@ async def http_cost(scale: Scale, results: Results, backend: Child) -> None:
 
 
 async def _stream_cpu(scale: Scale, results: Results) -> None:
+    """Both sides read by the same kind of client, the one figure 1 uses: blocking, on
+    STREAM_CLIENTS threads (a grpc.aio client per message costs the gateway more than the
+    threaded one does, which would flatter the HTTP door)."""
     address = _free_address()
-    requests = max(4, scale.c1_requests // 10)
-    async with (
-        gateway("--provider", "instant", "--deltas", str(scale.deltas), "--text", TEXT, "--http-listen", address) as gw,
-        channel(gw.target) as grpc_channel,
-        _session(address) as session,
-    ):
-        stub = pb.ResponsesServiceStub(grpc_channel)
+    responses = max(1, scale.c1_requests // 30)
+    async with gateway(
+        "--provider", "instant", "--deltas", str(scale.deltas), "--text", TEXT, "--http-listen", address
+    ) as gw:
         grpc_request = pb.CreateResponseRequest(input_text="go", stream=True, store=False)
-        http_body = {"model": "", "input": "go", "stream": True, "store": False}
+        http_body = json.dumps({"model": "", "input": "go", "stream": True, "store": False}).encode()
 
         async def over_grpc() -> int:
-            return sum([1 async for _ in stub.CreateResponse(grpc_request)])
+            events, _ = await _stream_load(gw, grpc_request, responses)
+            return events
 
         async def over_http() -> int:
-            events = 0
-            async with session.post("/v1/responses", json=http_body) as response:
-                if response.status != 200:
-                    raise RuntimeError(f"http door answered {response.status}: {await response.text()}")
-                async for line in response.content:
-                    if line.startswith(b"data: "):
-                        events += 1
-            return events
+            counts = await asyncio.gather(
+                *(asyncio.to_thread(_read_http_streams, address, http_body, responses) for _ in range(STREAM_CLIENTS))
+            )
+            return sum(counts)
 
         sides = {"grpc": over_grpc, "http": over_http}
         for call in sides.values():
-            for _ in range(3):
-                await call()  # warm-up
+            await call()  # warm-up
         for n in range(scale.rounds):
             per_event: dict[str, float] = {}
             for side in ("grpc", "http") if n % 2 == 0 else ("http", "grpc"):
-                before, events = gw.cpu_seconds(), 0
-                for _ in range(requests):
-                    events += await sides[side]()
+                before = gw.cpu_seconds()
+                events = await sides[side]()
                 per_event[side] = (gw.cpu_seconds() - before) / events
             results.add("http_stream_cpu_ratio", per_event["http"] / per_event["grpc"])
             results.add("http_cpu_us_per_streamed_event", per_event["http"] * 1e6, "us")
             results.add("grpc_cpu_us_per_streamed_event_same_run", per_event["grpc"] * 1e6, "us")
+
+
+def _read_http_streams(address: str, body: bytes, responses: int) -> int:
+    """`responses` streamed responses read one after another on one kept-alive connection: the
+    events received."""
+    host, port = address.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    events = 0
+    try:
+        for _ in range(responses):
+            connection.request("POST", "/v1/responses", body, {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            if response.status != 200:
+                raise RuntimeError(f"http door answered {response.status}: {response.read()!r}")
+            for line in response:
+                if line.startswith(b"data: "):
+                    events += 1
+    finally:
+        connection.close()
+    return events
 
 
 async def _added_latency(scale: Scale, results: Results, backend: Child) -> None:
