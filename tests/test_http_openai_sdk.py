@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import openai
 import pytest
@@ -18,6 +19,7 @@ from antwort_grpc.executors.base import FunctionExecutor
 from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
 from antwort_grpc.storage.memory import MemoryStore
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply, ScriptedToolCall
+from tests.auth_fixtures import api_keys
 from tests.http_harness import Doors, assert_event_schema, assert_schema, running_doors
 
 MODEL = "fake-model"
@@ -243,3 +245,24 @@ async def test_a_caller_over_the_gateways_limit_gets_the_sdks_rate_limit_error()
             await provider.aclose()
     assert raised.value.code == "too_many_running"
     assert raised.value.response.headers["retry-after"] == "1"
+
+
+async def test_a_wrong_api_key_is_the_sdks_authentication_error_and_a_right_one_gets_in(tmp_path: Path) -> None:
+    credentials = api_keys(tmp_path)
+    async with FakeOpenAI(Reply(text="welcome")) as fake:
+        provider = OpenAICompatProvider(BackendConfig(base_url=fake.url, model=MODEL))
+        try:
+            async with running_doors(
+                provider=provider, store=MemoryStore(), model=MODEL, **credentials.settings
+            ) as doors:
+                wrong = openai.AsyncOpenAI(base_url=doors.base_url, api_key="not-a-key", max_retries=0)
+                with pytest.raises(openai.AuthenticationError) as raised:
+                    await wrong.responses.create(model=MODEL, input="hi")
+                await wrong.close()
+                right = openai.AsyncOpenAI(base_url=doors.base_url, api_key=credentials.tokens["alice"], max_retries=0)
+                response = await right.responses.create(model=MODEL, input="hi")
+                await right.close()
+        finally:
+            await provider.aclose()
+    assert raised.value.status_code == 401 and raised.value.code == "unauthenticated"
+    assert response.output_text == "welcome"
