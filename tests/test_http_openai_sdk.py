@@ -266,3 +266,38 @@ async def test_a_wrong_api_key_is_the_sdks_authentication_error_and_a_right_one_
             await provider.aclose()
     assert raised.value.status_code == 401 and raised.value.code == "unauthenticated"
     assert response.output_text == "welcome"
+
+
+async def test_a_conversation_is_compacted_into_one_item_that_stands_for_it_as_input() -> None:
+    summary = "The user is Alice; the launch is on Tuesday, support is told first."
+    async with sdk(Reply(text="Noted."), Reply(text=summary), Reply(text="Tuesday.")) as (client, doors, fake):
+        first = await client.responses.create(model=MODEL, input="I am Alice. We launch on Tuesday.")
+        compacted = await client.post(
+            "/responses/compact",
+            cast_to=object,
+            body={"model": MODEL, "previous_response_id": first.id, "input": "Support is told first."},
+        )
+        assert_schema(compacted, "CompactResource")
+        (item,) = compacted["output"]  # type: ignore[index]
+        assert item["type"] == "compaction"
+        asked = fake.requests[-1].body["messages"]
+        assert "Summarize the conversation" in asked[0]["content"]
+        assert [m["content"] for m in asked[1:]] == [
+            "I am Alice. We launch on Tuesday.",
+            "Noted.",
+            "Support is told first.",
+        ]
+        again = await client.responses.create(
+            model=MODEL,
+            input=[item, {"role": "user", "content": "When do we launch?"}],  # type: ignore[list-item]
+        )
+        assert again.output_text == "Tuesday."
+        sent = fake.requests[-1].body["messages"]
+        assert summary in sent[0]["content"] and sent[-1]["content"] == "When do we launch?"
+        assert await doors.grpc.store.get(compacted["id"]) is None  # type: ignore[index]
+        with pytest.raises(openai.BadRequestError) as raised:
+            await client.responses.create(
+                model=MODEL,
+                input=[{"type": "compaction", "encrypted_content": "forged"}],  # type: ignore[list-item]
+            )
+    assert raised.value.param == "input[0].encrypted_content"

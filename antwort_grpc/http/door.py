@@ -12,10 +12,10 @@ import dataclasses
 import json
 import logging
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from aiohttp import web
@@ -27,6 +27,7 @@ from antwort_grpc.edge import Reservation, Watch
 from antwort_grpc.errors import FieldViolation, RequestError
 from antwort_grpc.grpc_security import credential_of
 from antwort_grpc.hooks.service import Caller
+from antwort_grpc.http.compaction import compacted_json, compaction_request
 from antwort_grpc.http.errors import error_json, http_status, plain_error
 from antwort_grpc.http.jsonread import bad, boolean, integer, obj, one_of, string
 from antwort_grpc.http.mapping import (
@@ -184,43 +185,75 @@ class HttpDoor:
 
     async def create(self, request: web.Request) -> web.StreamResponse:
         raw = await self._body(request)
-        metadata = _metadata(request)
-        # Admitted by its size before it is parsed, as on the gRPC door: parsing makes several
-        # times its bytes in objects, which a refused request should not have cost.
+        reserved = self._reserve(raw, "CreateResponse")
         try:
-            reserved = self.edge.admission.reserve(len(raw))
-        except RequestError as err:
-            self.edge.refused("CreateResponse", err)
-            raise
-        try:
-            try:
-                create = create_request(_json(raw))
-                if create.background:
-                    raise background_unavailable()
-            except RequestError as err:
-                # Counted as the gRPC door counts a request that does not parse.
-                self.edge.refused("CreateResponse", err)
-                raise
+            create = self._parsed("CreateResponse", lambda: create_request(_json(raw)))
+            if create.background:
+                raise background_unavailable()
             extended = request.headers.get(EXTENSIONS_HEADER, "").strip().lower() == EXTENDED
+            metadata = _metadata(request)
             async with self.edge.stream("CreateResponse", current_identity.get(), metadata) as watch:
                 with self.edge.response(len(raw), reserved):
-                    owner = current_owner()
-                    caller = dataclasses.replace(Caller.from_metadata(metadata), owner=owner)
-                    run = await self.responses.create(
-                        create.request, owner=owner, caller=caller if self.responses.hooked else None
-                    )
-                    events = run.events()
+                    events = await self._start(create.request, metadata)
                     try:
                         if create.stream:
                             return await self._stream(request, events, watch, extended)
-                        return await self._drain(events, watch)
+                        return web.json_response(response_json(await self._drain(events, watch)), dumps=_dumps)
                     finally:
                         await events.aclose()
         finally:
             _release(reserved)
 
-    async def _drain(self, events: AsyncIterator[pb.StreamEvent], watch: Watch) -> web.Response:
-        """Non-streaming: the same events drained, the terminal one's response sent."""
+    async def compact(self, request: web.Request) -> web.Response:
+        """The spec's compaction: the conversation summarized by the model into one item."""
+        raw = await self._body(request)
+        reserved = self._reserve(raw, "CompactResponse")
+        try:
+            summarize = self._parsed("CompactResponse", lambda: compaction_request(_json(raw)))
+            metadata = _metadata(request)
+            async with self.edge.stream("CompactResponse", current_identity.get(), metadata) as watch:
+                with self.edge.response(len(raw), reserved):
+                    events = await self._start(summarize, metadata)
+                    try:
+                        response = await self._drain(events, watch)
+                    finally:
+                        await events.aclose()
+        finally:
+            _release(reserved)
+        if response.status != pb.ResponseStatus.RESPONSE_STATUS_COMPLETED:
+            raise RequestError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the conversation could not be summarized: {response.error.message or 'the response ended early'}",
+                reason=response.error.code or "compaction_failed",
+            )
+        return web.json_response(compacted_json(response), dumps=_dumps)
+
+    def _reserve(self, raw: bytes, method: str) -> Reservation:
+        """Room for a response of this request, taken by its size before it is parsed, as on the
+        gRPC door: parsing makes several times its bytes in objects, which a refused request
+        should not have cost."""
+        try:
+            return self.edge.admission.reserve(len(raw))
+        except RequestError as err:
+            self.edge.refused(method, err)
+            raise
+
+    def _parsed(self, method: str, parse: Callable[[], T]) -> T:
+        try:
+            return parse()
+        except RequestError as err:
+            # Counted as the gRPC door counts a request that does not parse.
+            self.edge.refused(method, err)
+            raise
+
+    async def _start(self, create: pb.CreateResponseRequest, metadata: list[tuple[str, str]]) -> Events:
+        owner = current_owner()
+        caller = dataclasses.replace(Caller.from_metadata(metadata), owner=owner) if self.responses.hooked else None
+        run = await self.responses.create(create, owner=owner, caller=caller)
+        return run.events()
+
+    async def _drain(self, events: Events, watch: Watch) -> pb.Response:
+        """Non-streaming: the same events drained; the terminal one's response."""
         last = None
         observing = watch.observing
         async for event in events:
@@ -231,7 +264,8 @@ class HttpDoor:
         watch.ended()
         kind = last.WhichOneof("event")
         assert kind in TERMINAL
-        return web.json_response(response_json(getattr(last, kind).response), dumps=_dumps)
+        response: pb.Response = getattr(last, kind).response
+        return response
 
     async def _stream(
         self, request: web.Request, events: AsyncIterator[pb.StreamEvent], watch: Watch, extended: bool
@@ -265,15 +299,6 @@ class HttpDoor:
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
         return response
-
-    async def compact(self, request: web.Request) -> web.Response:
-        """The spec's compaction endpoint: not served (docs/http.md, "Differences")."""
-        raise RequestError(
-            grpc.StatusCode.NOT_FOUND,
-            "POST /v1/responses/compact: this gateway does not compact conversations; "
-            "truncation 'auto' fits a long conversation to the model's context instead",
-            reason="unsupported_endpoint",
-        )
 
     async def get(self, request: web.Request) -> web.Response:
         if request.query.get("stream", "false").lower() == "true":
@@ -325,6 +350,8 @@ class HttpDoor:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Events = AsyncGenerator[pb.StreamEvent, None]
+T = TypeVar("T")
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large", 400: "invalid_request"}
 

@@ -9,6 +9,7 @@ no shape in the spec is said in docs/http.md ("Differences").
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -334,6 +335,30 @@ def _approval_response(item: pb.Item, entry: JSON, param: str) -> None:
     decision.reason = optional_string(entry, "reason", f"{param}.reason") or ""
 
 
+# A compaction item's `encrypted_content`: the summary of the conversation it replaces. Not
+# encrypted (the gateway keeps no key for it): opaque to a client, as the spec says, and no more
+# than the text the client could send as a message itself.
+COMPACTION_PREFIX = "antwort-summary-v1:"
+SUMMARY_HEADING = "Summary of the conversation so far:\n"
+
+
+def compaction_content(summary: str) -> str:
+    return COMPACTION_PREFIX + base64.urlsafe_b64encode(summary.encode()).decode()
+
+
+def _compaction(item: pb.Item, entry: JSON, param: str) -> None:
+    """A compaction item in the input: the summary it holds, as a developer message."""
+    content = string(entry.get("encrypted_content"), f"{param}.encrypted_content")
+    try:
+        if not content.startswith(COMPACTION_PREFIX):
+            raise ValueError
+        summary = base64.urlsafe_b64decode(content[len(COMPACTION_PREFIX) :].encode()).decode()
+    except ValueError:
+        fail(f"{param}.encrypted_content", "not a compaction this gateway made (POST /v1/responses/compact)")
+    item.message.role = pb.Role.ROLE_DEVELOPER
+    item.message.content.append(pb.ContentPart(input_text=pb.InputText(text=SUMMARY_HEADING + summary)))
+
+
 _ITEMS: dict[str, Callable[[pb.Item, JSON, str], None]] = {
     "message": _message,
     "function_call": _function_call,
@@ -341,6 +366,7 @@ _ITEMS: dict[str, Callable[[pb.Item, JSON, str], None]] = {
     "reasoning": _reasoning,
     "mcp_approval_request": _approval_request,
     "mcp_approval_response": _approval_response,
+    "compaction": _compaction,
 }
 
 
