@@ -358,3 +358,39 @@ async def test_a_tool_that_needs_approval_is_approved_with_openais_approval_item
     assert second["output"][0]["type"] == "function_call_output"
     assert second["output"][-1]["content"][0]["text"] == "Approved and done."
     assert_schema(second)
+
+
+async def test_a_call_waiting_on_a_grpc_session_is_approved_and_a_follow_up_queued_over_http() -> None:
+    from tests.fakes import MockExecutor, echo
+
+    provider = ScriptedProvider(
+        [[Call.of("lookup", {"q": "x"})], [Text("Looked it up.")], [Text("And the follow-up.")]]
+    )
+    executor = MockExecutor({"lookup": echo})
+    tool = pb.Tool(
+        function=pb.FunctionTool(name="lookup"),
+        require_approval=pb.RequireApproval(mode=pb.ApprovalMode.APPROVAL_MODE_ALWAYS),
+    )
+    async with running_doors(provider=provider, executors=[executor]) as doors, aiohttp.ClientSession() as session:
+        call = doors.grpc.stub.Converse()
+        await call.write(pb.ConverseRequest(create=pb.CreateResponseRequest(input_text="go", tools=[tool])))
+        events: list[pb.StreamEvent] = []
+        while not events or events[-1].WhichOneof("event") != "approval_requested":
+            events.append((await call.read()).event)
+        response_id = events[0].created.response.id
+        (waiting,) = events[-1].approval_requested.requests
+        url = f"{doors.url}/v1/responses/{response_id}"
+        async with session.post(f"{url}/follow_up", json={"input": "one more thing"}) as r:
+            assert r.status == 200, await r.text()
+        decision = {"approval_request_id": waiting.call_id, "approve": True, "reason": "fine"}
+        async with session.post(f"{url}/approval", json=decision) as r:
+            assert r.status == 200, await r.text()
+            # Its output holds OpenAI's mcp_approval_request item, which the spec lacks (docs/http.md).
+            assert (await r.json())["id"] == response_id
+        while events[-1].WhichOneof("event") not in ("completed", "failed", "incomplete", "cancelled"):
+            events.append((await call.read()).event)
+        await call.done_writing()
+    assert events[-1].WhichOneof("event") == "completed"
+    assert len(executor.calls) == 1
+    texts = [e.output_text_done.text for e in events if e.WhichOneof("event") == "output_text_done"]
+    assert texts == ["Looked it up.", "And the follow-up."]
