@@ -373,7 +373,10 @@ def _metadata(request: web.Request) -> list[tuple[str, str]]:
 
 
 def _method(request: web.Request) -> str:
-    return f"{request.method} {request.path}"
+    """The route, not the path, names a refused request in the metrics: a path holds a response's
+    id, and a label of every id would grow without bound."""
+    resource = request.match_info.route.resource
+    return f"{request.method} {resource.canonical if resource is not None else 'unknown'}"
 
 
 def _release(reserved: Reservation) -> None:
