@@ -73,6 +73,10 @@ async def test_http_requests_are_traced_logged_and_counted_like_grpc_ones(tmp_pa
     agents = [s for s in spans if s.name.startswith("invoke_agent")]
     assert {s.trace_id for s in agents} == {CALLER_TRACE} and {s.parent_id for s in agents} == {CALLER_SPAN}
     assert {s.attributes["gen_ai.response.id"] for s in agents} == set(ids)
+    assert {(s.attributes["http.request.method"], s.attributes["http.route"]) for s in agents} == {
+        ("POST", "/v1/responses")
+    }
+    assert not any("rpc.system" in s.attributes for s in agents)
     records = [json.loads(line) for line in log_file.read_text().splitlines()]
     finished = [r for r in records if r["logger"] == "antwort_grpc.responses"]
     assert sorted(r["response_id"] for r in finished) == sorted(ids)

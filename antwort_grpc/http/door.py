@@ -192,7 +192,8 @@ class HttpDoor:
                 raise background_unavailable()
             extended = request.headers.get(EXTENSIONS_HEADER, "").strip().lower() == EXTENDED
             metadata = _metadata(request)
-            async with self.edge.stream("CreateResponse", current_identity.get(), metadata) as watch:
+            door = _span_attributes(request)
+            async with self.edge.stream("CreateResponse", current_identity.get(), metadata, door) as watch:
                 with self.edge.response(len(raw), reserved):
                     events = await self._start(create.request, metadata)
                     try:
@@ -211,7 +212,8 @@ class HttpDoor:
         try:
             summarize = self._parsed("CompactResponse", lambda: compaction_request(_json(raw)))
             metadata = _metadata(request)
-            async with self.edge.stream("CompactResponse", current_identity.get(), metadata) as watch:
+            door = _span_attributes(request)
+            async with self.edge.stream("CompactResponse", current_identity.get(), metadata, door) as watch:
                 with self.edge.response(len(raw), reserved):
                     events = await self._start(summarize, metadata)
                     try:
@@ -370,6 +372,16 @@ def _json(raw: bytes) -> object:
 def _metadata(request: web.Request) -> list[tuple[str, str]]:
     """The request's headers as the edge takes metadata (lower-case names: traceparent, …)."""
     return [(name.lower(), value) for name, value in request.headers.items()]
+
+
+def _span_attributes(request: web.Request) -> dict[str, str]:
+    """The response's span as an HTTP server span (OpenTelemetry's HTTP conventions)."""
+    resource = request.match_info.route.resource
+    return {
+        "http.request.method": request.method,
+        "http.route": resource.canonical if resource is not None else request.path,
+        "url.scheme": request.scheme,
+    }
 
 
 def _method(request: web.Request) -> str:
