@@ -37,11 +37,12 @@ ENV PATH=/opt/antwort/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     ANTWORT_LISTEN=0.0.0.0:50051 \
+    ANTWORT_HTTP_LISTEN=0.0.0.0:8080 \
     ANTWORT_EXECUTOR_LISTEN=0.0.0.0:50061 \
     ANTWORT_DATA_DIR=/var/lib/antwort
 WORKDIR /var/lib/antwort
 # A numeric user, so Kubernetes can verify runAsNonRoot without looking up names.
 USER 10001:10001
-EXPOSE 50051 50061
+EXPOSE 50051 8080 50061
 ENTRYPOINT ["antwort-grpc"]
 CMD ["serve"]

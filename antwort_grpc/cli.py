@@ -33,6 +33,10 @@ from antwort_grpc.startup_errors import (
 def _serve_parser(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the gateway (ResponsesService)")
     p.add_argument("--listen", help="host:port (ANTWORT_LISTEN, default 127.0.0.1:50051)")
+    p.add_argument(
+        "--http-listen",
+        help="host:port of the Open Responses HTTP door, off: none (ANTWORT_HTTP_LISTEN, default 127.0.0.1:50080)",
+    )
     p.add_argument("--backend-url", help="OpenAI-compatible base URL (ANTWORT_BACKEND_URL)")
     p.add_argument("--model", help="default model (ANTWORT_MODEL)")
     p.add_argument("--store", help="memory | sqlite:///file.db | postgresql://… (ANTWORT_STORE)")
@@ -87,6 +91,7 @@ def _overrides(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
 # The settings `serve` has a flag for (the others are environment variables only).
 SERVE_FLAGS = [
     "listen",
+    "http_listen",
     "backend_url",
     "model",
     "store",
@@ -112,6 +117,9 @@ def _serve(args: argparse.Namespace) -> int:
     settings = gateway_settings(args)
     _logging(settings.log_level, settings.log_format, native=True)
     check_listen(settings.listen, "--listen / ANTWORT_LISTEN")
+    if "http_listen" in settings.model_fields_set and settings.http_listen.strip().lower() not in ("", "off"):
+        # A set HTTP address must bind (its default may be taken: the door is then off).
+        check_listen(settings.http_listen, "--http-listen / ANTWORT_HTTP_LISTEN")
     from antwort_grpc.server.serve import serve
 
     try:

@@ -21,6 +21,15 @@ class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ANTWORT_", extra="ignore")
 
     listen: str = "127.0.0.1:50051"
+    # The Open Responses HTTP/SSE door (docs/http.md): its host:port ("" or "off": none); TLS as
+    # the gRPC port's (tls_cert, tls_key, tls_client_ca). Left at its default, a port already in
+    # use only turns the door off (a warning); set, it must bind.
+    http_listen: str = "127.0.0.1:50080"
+    # The largest request body it accepts (413 past it): the gRPC port's message limit.
+    http_max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    # Seconds a connection may take to send a request's headers (from its opening, or from the
+    # end of the previous response when kept alive) and, apart, its body; then it is closed.
+    http_idle_timeout: float = Field(default=60.0, gt=0)
     log_level: str = "INFO"
     # Directory for the embedded defaults (SQLite file, local model state).
     data_dir: Path = Path("var")

@@ -160,10 +160,13 @@ class Watch:
 
     A plain class rather than an asynccontextmanager: it is entered once per response."""
 
-    __slots__ = ("_edge", "_metadata", "_method", "_observation", "_principal", "_token", "cut", "observing")
+    __slots__ = ("_door", "_edge", "_metadata", "_method", "_observation", "_principal", "_token", "cut", "observing")
 
-    def __init__(self, edge: Edge, method: str, identity: Identity | None, metadata: Metadata) -> None:
+    def __init__(
+        self, edge: Edge, method: str, identity: Identity | None, metadata: Metadata, door: dict[str, str] | None = None
+    ) -> None:
         self._edge = edge
+        self._door = door
         self._method = method
         self._principal = identity.principal if identity is not None else ""
         self._metadata = metadata
@@ -185,7 +188,7 @@ class Watch:
             edge.refused(self._method, refusal)
             raise refusal
         if edge.observer is not None:
-            observation = self._observation = edge.observer.begin(self._method, self._metadata)
+            observation = self._observation = edge.observer.begin(self._method, self._metadata, self._door)
             current_observation.set(observation)
             if observation.span is not None:
                 self._token = otel_context.attach(trace.set_span_in_context(observation.span))
@@ -252,9 +255,12 @@ class Edge:
         if self.observer is not None:
             self.observer.refused(method, error)
 
-    def stream(self, method: str, identity: Identity | None, metadata: Metadata) -> Watch:
-        """A response stream of `identity`'s, to enter with `async with` (see Watch)."""
-        return Watch(self, method, identity, metadata)
+    def stream(
+        self, method: str, identity: Identity | None, metadata: Metadata, door: dict[str, str] | None = None
+    ) -> Watch:
+        """A response stream of `identity`'s, to enter with `async with` (see Watch); `door`: the
+        trace attributes of a door that is not gRPC."""
+        return Watch(self, method, identity, metadata, door)
 
     def response(
         self, request_bytes: int, reserved: Reservation | None = None

@@ -9,6 +9,8 @@ providers:
   tools    asks for --calls calls of the tool `sleep` at once, answers after their results
   openai   the OpenAI-compatible provider against --backend-url (the production path)
 
+With --http-listen HOST:PORT the HTTP/SSE door serves the same core there.
+
 tools (server-side, in this process): `sleep` waits --tool-seconds, `noop` returns at once.
 With --remote-executor TARGET, the tools run in that ToolExecutorService instead.
 """
@@ -144,6 +146,12 @@ async def _serve(args: argparse.Namespace) -> None:
     settings = GatewaySettings(listen="127.0.0.1:0", model="bench", max_turns=50, hooks=args.hook, **_observed(args))
     executors = await _executors(args)
     gateway = await start_gateway(settings, provider=provider, store=MemoryStore(), executors=executors)
+    door = None
+    if args.http_listen:
+        from antwort_grpc.http.door import HttpDoor
+
+        door = HttpDoor(gateway.core)
+        await door.start(args.http_listen)
     if not args.default_gc:
         tune_gc()  # as `antwort-grpc serve` does
     print(f"READY {gateway.port}", flush=True)
@@ -151,6 +159,8 @@ async def _serve(args: argparse.Namespace) -> None:
         await until_stopped()
     finally:
         await gateway.stop(0)
+        if door is not None:
+            await door.stop()
         for part in (provider, *executors):
             close = getattr(part, "aclose", None) or getattr(part, "close", None)
             if close is not None:
@@ -170,6 +180,7 @@ def main() -> None:
     parser.add_argument("--metrics", action="store_true", help="Prometheus metrics on (a port of their own)")
     parser.add_argument("--otlp-endpoint", default="", help="traces on, exported to this OTLP/gRPC receiver")
     parser.add_argument("--jwt-jwks", default="", help="JWT authentication with the keys of this JWKS file")
+    parser.add_argument("--http-listen", default="", help="also serve the Open Responses HTTP door there")
     parser.add_argument("--default-gc", action="store_true", help="leave CPython's garbage collection as it is")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s gateway %(name)s: %(message)s")

@@ -116,6 +116,13 @@ ROWS = [
     Row("9 durable", "attach_first_event_ms_p50", "AttachResponse → first replayed event, p50 (ms)", "<=", 5),
     Row("9 durable", "takeover_s", "kill -9 of the running replica → recovered on the other (s, lease 2 s)", "<=", 3),
     Row("9 durable", "handover_s", "SIGTERM of the running replica → recovered on the other (s)", "<=", 1),
+    Row("10 http", "http_stream_cpu_ratio", "gateway CPU per streamed event, HTTP/SSE door ÷ gRPC door", "<=", 1.5),
+    Row("10 http", "http_cpu_us_per_streamed_event", "gateway CPU per event streamed over HTTP/SSE (µs)"),
+    Row("10 http", "grpc_cpu_us_per_streamed_event_same_run", "the same over gRPC, same run (µs)"),
+    Row(
+        "10 http", "http_added_latency_p50_ms", "non-streamed request via the HTTP door minus direct, p50 (ms)", "<=", 2
+    ),
+    Row("10 http", "grpc_added_latency_p50_ms_same_run", "the same via the gRPC door, same run (ms)"),
 ]
 
 HISTORY_KEYS = [

@@ -26,7 +26,16 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench import durable_figure, figures, hooks_figure, interactive, observability_figure, profile, report
+from bench import (
+    durable_figure,
+    figures,
+    hooks_figure,
+    http_figure,
+    interactive,
+    observability_figure,
+    profile,
+    report,
+)
 from bench.procs import Child, load_average, machine, spawn
 from bench.stats import Results
 
@@ -55,6 +64,7 @@ FIGURES: dict[str, Figure] = {
     "hooks": hooks_figure.hooks_overhead,
     "observability": observability_figure.observability_cost,
     "durable": durable_figure.durable_runs,
+    "http": http_figure.http_cost,
 }
 
 

@@ -23,6 +23,7 @@ HEAVY = {
     "tests/interop/test_go_client.py": "builds and runs the Go example client",
     "tests/interop/test_java_client.py": "compiles and runs the Java example client",
     "tests/interop/test_node_client.py": "installs the Node example's npm packages and runs it",
+    "tests/interop/test_node_http_client.py": "installs the OpenAI JS SDK from npm and runs the HTTP example",
     "tests/providers/test_local_model.py::test_the_local_model_": "starts the real embedded model",
     "tests/providers/test_local_model.py::test_the_response_names_": "starts the real embedded model",
     "tests/test_fuzz_requests.py::test_any_request_gets_a_typed_answer": "hundreds of generated requests",

@@ -417,7 +417,9 @@ def test_the_gateway_exposes_metrics_on_their_own_port_with_scrape_annotations(o
     assert int(annotations["prometheus.io/port"]) == ports["metrics"] != ports["grpc"]
     assert _env(container)["ANTWORT_METRICS_LISTEN"] == f"0.0.0.0:{ports['metrics']}"
     service = _of_kind("Service", overlay)["antwort-gateway"]
-    assert {p["name"] for p in service["spec"]["ports"]} == {"grpc", "metrics"}
+    assert {p["name"] for p in service["spec"]["ports"]} == {"grpc", "http", "metrics"}
+    # The Open Responses HTTP door, on a port of its own.
+    assert _env(container)["ANTWORT_HTTP_LISTEN"] == f"0.0.0.0:{ports['http']}"
 
 
 def _rule_sources(rule: dict[str, Any]) -> list[dict[str, Any]]:
@@ -436,7 +438,7 @@ def test_network_policies_let_only_the_gateway_call_the_executors(overlay: str) 
     gateway = policies["antwort-gateway"]["spec"]
     assert set(gateway["policyTypes"]) == {"Ingress", "Egress"}
     ports = {p["port"] for rule in gateway["ingress"] for p in rule["ports"]}
-    assert ports == {50051, 9464}
+    assert ports == {50051, 8080, 9464}
     executor_rule = next(r for r in gateway["egress"] if any("podSelector" in t for t in r.get("to", [])))
     assert {p["port"] for p in executor_rule["ports"]} == {50061}
 

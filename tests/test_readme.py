@@ -9,7 +9,7 @@ when it carries one; unmarked blocks there are illustrations):
     <!-- readme-test: proved by tests/interop … -->  the scripts it names are run by those tests
 
 Addresses are moved to free ports (the same README address always maps to the same port), and
-ANTWORT_TARGET / ANTWORT_LISTEN point the CLI and a gateway a block starts at that address, and
+ANTWORT_TARGET / ANTWORT_LISTEN / ANTWORT_HTTP_LISTEN point the CLI and a gateway a block starts at that address, and
 ANTWORT_DATA_DIR keeps their files in a temporary directory: nothing else is changed.
 """
 
@@ -34,6 +34,8 @@ ANTWORT = str(Path(sys.executable).parent / "antwort-grpc")
 _BLOCK = re.compile(r"(?:<!-- readme-test: (?P<marker>.*?) -->\n)?```sh\n(?P<body>.*?)```", re.S)
 _ADDRESS = re.compile(r"127\.0\.0\.1:(5\d{4})")
 GATEWAY = "127.0.0.1:50051"
+# The gateway's HTTP door (Open Responses), moved along with the gRPC address.
+HTTP_DOOR = "127.0.0.1:50080"
 
 
 _LINK = re.compile(r"\]\((?!https?://|#|mailto:)(?P<target>[^)#\s]+)(?:#[^)]*)?\)")
@@ -109,7 +111,13 @@ class Ports:
 def environment(ports: Ports) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANTWORT_")}
     # A gateway a block starts without --listen takes ANTWORT_LISTEN: the same moved address.
-    return {**env, "ANTWORT_TARGET": ports(GATEWAY), "ANTWORT_LISTEN": ports(GATEWAY), "NO_COLOR": "1"}
+    return {
+        **env,
+        "ANTWORT_TARGET": ports(GATEWAY),
+        "ANTWORT_LISTEN": ports(GATEWAY),
+        "ANTWORT_HTTP_LISTEN": ports(HTTP_DOOR),
+        "NO_COLOR": "1",
+    }
 
 
 def stop(process: subprocess.Popen[str]) -> None:

@@ -22,6 +22,7 @@ ANTWORT = str(Path(sys.executable).parent / "antwort-grpc")
 # var/) is up, or an executor or hook on its default port.
 ANYWHERE = {
     "ANTWORT_LISTEN": "127.0.0.1:0",
+    "ANTWORT_HTTP_LISTEN": "127.0.0.1:0",
     "ANTWORT_EXECUTOR_LISTEN": "127.0.0.1:0",
     "ANTWORT_HOOK_LISTEN": "127.0.0.1:0",
 }

@@ -44,8 +44,12 @@ def _build(settings: GatewaySettings) -> Authenticator | None:
 def refuse_open_listen(settings: GatewaySettings) -> None:
     """Without authentication the gateway serves anyone who reaches it, so it listens only on
     loopback unless the operator says otherwise."""
-    if settings.auth == "none" and not settings.allow_unauthenticated and not is_loopback(settings.listen):
-        raise StartupError(
-            f"refusing to listen on {settings.listen} without authentication: set ANTWORT_AUTH=api_key or jwt, "
-            "or ANTWORT_ALLOW_UNAUTHENTICATED=true to serve every caller anyway"
-        )
+    if settings.auth != "none" or settings.allow_unauthenticated:
+        return
+    http = settings.http_listen if settings.http_listen not in ("", "off") else None
+    for listen in (settings.listen, http):
+        if listen is not None and not is_loopback(listen):
+            raise StartupError(
+                f"refusing to listen on {listen} without authentication: set ANTWORT_AUTH=api_key or jwt, "
+                "or ANTWORT_ALLOW_UNAUTHENTICATED=true to serve every caller anyway"
+            )

@@ -45,19 +45,20 @@ class Observer:
         if self.metrics is not None:
             self.metrics.refused.labels(method, error.code.name, error.reason).inc()
 
-    def begin(self, method: str, metadata: Any) -> Observation:
+    def begin(self, method: str, metadata: Any, door: dict[str, str] | None = None) -> Observation:
+        """`door`: the span's attributes of the transport it came through (default: gRPC's)."""
         observation = Observation(time.perf_counter())
         if self.tracer is not None:
+            transport = door or {
+                "rpc.system": "grpc",
+                "rpc.service": "antwort.v1.ResponsesService",
+                "rpc.method": method,
+            }
             observation.span = self.tracer.start_span(
                 OPERATION,
                 context=tracing.extract(metadata),
                 kind=trace.SpanKind.SERVER,
-                attributes={
-                    "gen_ai.operation.name": OPERATION,
-                    "rpc.system": "grpc",
-                    "rpc.service": "antwort.v1.ResponsesService",
-                    "rpc.method": method,
-                },
+                attributes={"gen_ai.operation.name": OPERATION, **transport},
             )
         if self.metrics is not None:
             self.metrics.open_streams.inc()

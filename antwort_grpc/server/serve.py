@@ -9,6 +9,7 @@ from antwort_grpc import tracing
 from antwort_grpc.auth.build import refuse_open_listen
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.core import assemble
+from antwort_grpc.http.serving import open_door
 from antwort_grpc.observability.logs import one_line
 from antwort_grpc.server.app import serve_until_signalled, start_gateway
 
@@ -39,11 +40,24 @@ async def serve(settings: GatewaySettings) -> None:
     parts = await assemble(settings)
     try:
         gateway = await start_gateway(settings, provider=parts.provider, store=parts.store, executors=parts.executors)
+        try:
+            door = await open_door(settings, gateway.core)
+        except BaseException:
+            await gateway.stop(0)
+            raise
         tune_gc()
         # The line scripts wait for; in the log format, so stdout too is JSON with --log-format json.
         line = one_line(f"antwort-grpc serving on {gateway.target}", settings.log_format, target=gateway.target)
         print(line, flush=True)
-        await serve_until_signalled(gateway, settings.shutdown_grace, settings.shutdown_drain, settings.interrupt_grace)
+        try:
+            await serve_until_signalled(
+                gateway, settings.shutdown_grace, settings.shutdown_drain, settings.interrupt_grace
+            )
+        finally:
+            # After the gateway's shutdown: the door's streams got the same grace and their
+            # terminal events.
+            if door is not None:
+                await door.stop()
     finally:
         await parts.close()
         # Export the spans still buffered.

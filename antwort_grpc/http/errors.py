@@ -1,0 +1,77 @@
+"""RequestErrors as the spec's error object, with the HTTP status of their gRPC code and the
+offending parameter named by its JSON path (core paths name protobuf fields: translated here)."""
+
+from __future__ import annotations
+
+import re
+
+import grpc
+
+from antwort_grpc.errors import RequestError
+from antwort_grpc.http.jsonread import JSON
+
+C = grpc.StatusCode
+STATUS = {
+    C.INVALID_ARGUMENT: 400,
+    C.OUT_OF_RANGE: 400,
+    C.UNAUTHENTICATED: 401,
+    C.PERMISSION_DENIED: 403,
+    C.NOT_FOUND: 404,
+    C.ALREADY_EXISTS: 409,
+    C.FAILED_PRECONDITION: 409,
+    C.ABORTED: 409,
+    C.RESOURCE_EXHAUSTED: 429,
+    C.UNIMPLEMENTED: 501,
+    C.UNAVAILABLE: 503,
+    C.DEADLINE_EXCEEDED: 504,
+}
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+
+# Protobuf field paths of the core's violations, and the JSON parameter each names.
+_PARAM_RULES = [
+    (re.compile(r"^input_items\.items"), "input"),
+    (re.compile(r"^input_text$"), "input"),
+    (re.compile(r"^limits\."), ""),
+    (re.compile(r"^tool_choice\.allowed_tools\.tool_names"), "tool_choice.tools"),
+    (re.compile(r"^tool_choice\.(mode|allowed_tools)$"), "tool_choice"),
+    (
+        re.compile(
+            r"\.(message|function_call_output|function_call|function|mcp|input_image|input_text|output_text)(?=\.|\[|$)"
+        ),
+        "",
+    ),
+    (re.compile(r"\.approval_response\.call_id"), ".approval_request_id"),
+    (re.compile(r"^tool_choice\.allowed_tools\."), "tool_choice."),
+]
+
+
+def param_of(field: str) -> str:
+    """The JSON parameter a core field path names (`input_items.items[2].message.role` → `input[2].role`)."""
+    for pattern, replacement in _PARAM_RULES:
+        field = pattern.sub(replacement, field)
+    return field
+
+
+def http_status(error: RequestError) -> int:
+    return STATUS.get(error.code, 500)
+
+
+def error_json(error: RequestError, status: int | None = None) -> JSON:
+    status = status or http_status(error)
+    param = None
+    if error.violations:
+        param = param_of(error.violations[0].field) or None
+    return {
+        "error": {
+            "type": TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error"),
+            "code": error.reason or None,
+            "message": error.message,
+            "param": param,
+        }
+    }
+
+
+def plain_error(status: int, code: str, message: str, param: str | None = None) -> JSON:
+    """An error the door itself finds (a body too large, not JSON, an unknown route)."""
+    kind = TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"type": kind, "code": code, "message": message, "param": param}}

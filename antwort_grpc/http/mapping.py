@@ -1,0 +1,739 @@
+"""The one mapping between the Open Responses JSON (specification 2026-04-24; OpenAI's Responses API
+where the spec is silent) and antwort.v1's protobuf types, both ways.
+
+In: a request body becomes a `pb.CreateResponseRequest` (a value of the wrong type, an unknown item
+or tool type, a parameter the gateway cannot honour: a RequestError naming the parameter by its
+JSON path). Out: `pb.Response`, `pb.Item` and `pb.StreamEvent` become the spec's objects. What has
+no shape in the spec is said in docs/http.md ("Differences").
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from antwort_grpc import pb
+from antwort_grpc.http.jsonread import (
+    JSON,
+    array,
+    bad,
+    boolean,
+    fail,
+    integer,
+    number,
+    obj,
+    one_of,
+    optional_string,
+    string,
+)
+
+S = pb.ResponseStatus
+
+ROLES = {
+    "user": pb.Role.ROLE_USER,
+    "system": pb.Role.ROLE_SYSTEM,
+    "developer": pb.Role.ROLE_DEVELOPER,
+    "assistant": pb.Role.ROLE_ASSISTANT,
+}
+ROLE_NAMES = {value: name for name, value in ROLES.items()}
+DETAILS = {
+    "auto": pb.ImageDetail.IMAGE_DETAIL_AUTO,
+    "low": pb.ImageDetail.IMAGE_DETAIL_LOW,
+    "high": pb.ImageDetail.IMAGE_DETAIL_HIGH,
+}
+DETAIL_NAMES = {value: name for name, value in DETAILS.items()}
+ITEM_STATUSES = {
+    "in_progress": pb.ItemStatus.ITEM_STATUS_IN_PROGRESS,
+    "completed": pb.ItemStatus.ITEM_STATUS_COMPLETED,
+    "incomplete": pb.ItemStatus.ITEM_STATUS_INCOMPLETE,
+}
+ITEM_STATUS_NAMES = {value: name for name, value in ITEM_STATUSES.items()}
+MODES = {
+    "auto": pb.ToolChoiceMode.TOOL_CHOICE_MODE_AUTO,
+    "required": pb.ToolChoiceMode.TOOL_CHOICE_MODE_REQUIRED,
+    "none": pb.ToolChoiceMode.TOOL_CHOICE_MODE_NONE,
+}
+MODE_NAMES = {value: name for name, value in MODES.items()}
+TRUNCATIONS = {"auto": pb.Truncation.TRUNCATION_AUTO, "disabled": pb.Truncation.TRUNCATION_DISABLED}
+APPROVALS = {"always": pb.ApprovalMode.APPROVAL_MODE_ALWAYS, "never": pb.ApprovalMode.APPROVAL_MODE_NEVER}
+# A response that paused for the client's function calls is, in the spec's words, completed: its
+# output ends with the calls (OpenAI's Responses API does the same).
+STATUS_NAMES = {
+    S.RESPONSE_STATUS_QUEUED: "queued",
+    S.RESPONSE_STATUS_IN_PROGRESS: "in_progress",
+    S.RESPONSE_STATUS_COMPLETED: "completed",
+    S.RESPONSE_STATUS_REQUIRES_ACTION: "completed",
+    S.RESPONSE_STATUS_INCOMPLETE: "incomplete",
+    S.RESPONSE_STATUS_FAILED: "failed",
+    S.RESPONSE_STATUS_CANCELLED: "cancelled",
+}
+
+# Accepted and not acted on: they change nothing the gateway does (docs/http.md, "Differences").
+IGNORED = frozenset(
+    {
+        "include",
+        "stream_options",
+        "presence_penalty",
+        "frequency_penalty",
+        "top_logprobs",
+        "service_tier",
+        "safety_identifier",
+        "prompt_cache_key",
+        "user",
+        "reasoning",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    """A create request as the door needs it: the request, and how it is to be served."""
+
+    request: pb.CreateResponseRequest
+    stream: bool
+    background: bool
+
+
+# ---------------------------------------------------------------------------------------- in
+
+
+def create_request(body: object) -> Create:
+    """The request a JSON body asks for; RequestError (INVALID_ARGUMENT, the parameter named)."""
+    body = obj(body, "body")
+    request = pb.CreateResponseRequest()
+    if body.get("model") is None:
+        fail("model", "required: the model to use ('' for the gateway's default)")
+    request.model = string(body["model"], "model")
+    for key, value in body.items():
+        if value is None or key in IGNORED or key == "model":
+            continue
+        reader = _FIELDS.get(key)
+        if reader is None:
+            fail(key, "unknown parameter")
+        reader(request, value)
+    stream = boolean(body.get("stream", False), "stream")
+    request.stream = stream
+    background = boolean(body.get("background", False), "background")
+    return Create(request, stream, background)
+
+
+def _input(request: pb.CreateResponseRequest, value: object) -> None:
+    if isinstance(value, str):
+        request.input_text = value
+        return
+    items = array(value, "input")
+    request.input_items.items.extend(item_from_json(entry, f"input[{n}]") for n, entry in enumerate(items))
+    if not items:
+        request.input_items.SetInParent()
+
+
+def _instructions(request: pb.CreateResponseRequest, value: object) -> None:
+    request.instructions = string(value, "instructions")
+
+
+def _previous(request: pb.CreateResponseRequest, value: object) -> None:
+    request.previous_response_id = string(value, "previous_response_id")
+
+
+def _tools(request: pb.CreateResponseRequest, value: object) -> None:
+    request.tools.extend(tool_from_json(entry, f"tools[{n}]") for n, entry in enumerate(array(value, "tools")))
+
+
+def _tool_choice(request: pb.CreateResponseRequest, value: object) -> None:
+    request.tool_choice.CopyFrom(tool_choice_from_json(value, "tool_choice"))
+
+
+def _metadata(request: pb.CreateResponseRequest, value: object) -> None:
+    for key, entry in obj(value, "metadata").items():
+        request.metadata[key] = string(entry, f"metadata.{key}")
+
+
+def _temperature(request: pb.CreateResponseRequest, value: object) -> None:
+    request.temperature = number(value, "temperature")
+
+
+def _top_p(request: pb.CreateResponseRequest, value: object) -> None:
+    request.top_p = number(value, "top_p")
+
+
+def _parallel(request: pb.CreateResponseRequest, value: object) -> None:
+    request.parallel_tool_calls = boolean(value, "parallel_tool_calls")
+
+
+def _max_output_tokens(request: pb.CreateResponseRequest, value: object) -> None:
+    request.max_output_tokens = integer(value, "max_output_tokens")
+
+
+def _max_tool_calls(request: pb.CreateResponseRequest, value: object) -> None:
+    request.limits.max_tool_calls = integer(value, "max_tool_calls")
+
+
+def _store(request: pb.CreateResponseRequest, value: object) -> None:
+    request.store = boolean(value, "store")
+
+
+def _truncation(request: pb.CreateResponseRequest, value: object) -> None:
+    request.truncation = one_of(value, "truncation", TRUNCATIONS)
+
+
+def _text(request: pb.CreateResponseRequest, value: object) -> None:
+    text = obj(value, "text")
+    form = text.get("format")
+    if form is not None and obj(form, "text.format").get("type", "text") != "text":
+        fail("text.format.type", "only 'text' is supported: the gateway does not constrain the model's output")
+
+
+def _checked_only(
+    param: str, check: Callable[[object, str], object]
+) -> Callable[[pb.CreateResponseRequest, object], None]:
+    def read(request: pb.CreateResponseRequest, value: object) -> None:
+        check(value, param)
+
+    return read
+
+
+_FIELDS: dict[str, Callable[[pb.CreateResponseRequest, object], None]] = {
+    "input": _input,
+    "instructions": _instructions,
+    "previous_response_id": _previous,
+    "tools": _tools,
+    "tool_choice": _tool_choice,
+    "metadata": _metadata,
+    "temperature": _temperature,
+    "top_p": _top_p,
+    "parallel_tool_calls": _parallel,
+    "max_output_tokens": _max_output_tokens,
+    "max_tool_calls": _max_tool_calls,
+    "store": _store,
+    "truncation": _truncation,
+    "text": _text,
+    # Read by create_request itself; checked here so a wrong type is named.
+    "stream": _checked_only("stream", boolean),
+    "background": _checked_only("background", boolean),
+}
+
+
+def item_from_json(value: object, param: str) -> pb.Item:
+    """One input item; `param` its path in the request (`input[3]`)."""
+    entry = obj(value, param)
+    kind = entry.get("type")
+    if kind is None and "role" in entry:
+        kind = "message"  # the spec's shorthand: {"role": …, "content": …}
+    reader = _ITEMS.get(kind) if isinstance(kind, str) else None
+    if reader is None:
+        known = ", ".join(repr(k) for k in _ITEMS)
+        fail(f"{param}.type", f"unknown item type {str(kind)[:64]!r}: one of {known}")
+    item = pb.Item()
+    item_id = entry.get("id")
+    if item_id is not None:
+        item.id = string(item_id, f"{param}.id")
+    status = entry.get("status")
+    if status is not None:
+        item.status = one_of(status, f"{param}.status", ITEM_STATUSES)
+    reader(item, entry, param)
+    return item
+
+
+def _message(item: pb.Item, entry: JSON, param: str) -> None:
+    role = one_of(entry.get("role"), f"{param}.role", ROLES)
+    item.message.role = role
+    content = entry.get("content")
+    if isinstance(content, str):
+        part = pb.ContentPart()
+        if role == pb.Role.ROLE_ASSISTANT:
+            part.output_text.text = content
+        else:
+            part.input_text.text = content
+        item.message.content.append(part)
+        return
+    parts = array(content, f"{param}.content")
+    item.message.content.extend(part_from_json(p, f"{param}.content[{n}]") for n, p in enumerate(parts))
+
+
+def part_from_json(value: object, param: str) -> pb.ContentPart:
+    entry = obj(value, param)
+    kind = entry.get("type")
+    part = pb.ContentPart()
+    if kind == "input_text":
+        part.input_text.text = string(entry.get("text"), f"{param}.text")
+    elif kind == "output_text":
+        part.output_text.text = string(entry.get("text"), f"{param}.text")
+    elif kind == "refusal":
+        part.refusal.refusal = string(entry.get("refusal"), f"{param}.refusal")
+    elif kind == "input_image":
+        url = entry.get("image_url")
+        if url is None:
+            fail(f"{param}.image_url", "required: the gateway takes images by URL or data URL, not file_id")
+        part.input_image.image_url = string(url, f"{param}.image_url")
+        detail = entry.get("detail")
+        if detail is not None:
+            part.input_image.detail = one_of(detail, f"{param}.detail", DETAILS)
+    elif kind in ("input_file", "input_video", "input_audio"):
+        fail(f"{param}.type", f"{kind!r} content is not supported: text and images only")
+    else:
+        fail(f"{param}.type", f"unknown content type {str(kind)[:64]!r}: input_text, input_image, output_text, refusal")
+    return part
+
+
+def _function_call(item: pb.Item, entry: JSON, param: str) -> None:
+    call = item.function_call
+    call.call_id = string(entry.get("call_id"), f"{param}.call_id")
+    call.name = string(entry.get("name"), f"{param}.name")
+    call.arguments = string(entry.get("arguments"), f"{param}.arguments")
+
+
+def _function_call_output(item: pb.Item, entry: JSON, param: str) -> None:
+    result = item.function_call_output
+    result.call_id = string(entry.get("call_id"), f"{param}.call_id")
+    output = entry.get("output")
+    if isinstance(output, list):
+        texts = []
+        for n, part in enumerate(output):
+            parsed = part_from_json(part, f"{param}.output[{n}]")
+            if parsed.WhichOneof("part") != "input_text":
+                fail(f"{param}.output[{n}].type", "only input_text parts are supported in a function_call_output")
+            texts.append(parsed.input_text.text)
+        result.output = "".join(texts)
+    else:
+        result.output = string(output, f"{param}.output")
+
+
+def _reasoning(item: pb.Item, entry: JSON, param: str) -> None:
+    reasoning = item.reasoning
+    summary = entry.get("summary") or []
+    reasoning.summary = "".join(
+        string(obj(part, f"{param}.summary[{n}]").get("text"), f"{param}.summary[{n}].text")
+        for n, part in enumerate(array(summary, f"{param}.summary"))
+    )
+    content = entry.get("content") or []
+    reasoning.text = "".join(
+        string(obj(part, f"{param}.content[{n}]").get("text"), f"{param}.content[{n}].text")
+        for n, part in enumerate(array(content, f"{param}.content"))
+    )
+    encrypted = optional_string(entry, "encrypted_content", f"{param}.encrypted_content")
+    if encrypted:
+        reasoning.encrypted_content = encrypted
+
+
+def _approval_request(item: pb.Item, entry: JSON, param: str) -> None:
+    request = item.approval_request
+    request.call_id = string(entry.get("id", item.id), f"{param}.id")
+    request.name = string(entry.get("name"), f"{param}.name")
+    request.arguments = string(entry.get("arguments", ""), f"{param}.arguments")
+    request.server_label = optional_string(entry, "server_label", f"{param}.server_label") or ""
+
+
+def _approval_response(item: pb.Item, entry: JSON, param: str) -> None:
+    decision = item.approval_response
+    decision.call_id = string(entry.get("approval_request_id"), f"{param}.approval_request_id")
+    decision.approve = boolean(entry.get("approve"), f"{param}.approve")
+    decision.reason = optional_string(entry, "reason", f"{param}.reason") or ""
+
+
+# A compaction item's `encrypted_content`: the summary of the conversation it replaces. Not
+# encrypted (the gateway keeps no key for it): opaque to a client, as the spec says, and no more
+# than the text the client could send as a message itself.
+COMPACTION_PREFIX = "antwort-summary-v1:"
+SUMMARY_HEADING = "Summary of the conversation so far:\n"
+
+
+def compaction_content(summary: str) -> str:
+    return COMPACTION_PREFIX + base64.urlsafe_b64encode(summary.encode()).decode()
+
+
+def _compaction(item: pb.Item, entry: JSON, param: str) -> None:
+    """A compaction item in the input: the summary it holds, as a developer message."""
+    content = string(entry.get("encrypted_content"), f"{param}.encrypted_content")
+    try:
+        if not content.startswith(COMPACTION_PREFIX):
+            raise ValueError
+        summary = base64.urlsafe_b64decode(content[len(COMPACTION_PREFIX) :].encode()).decode()
+    except ValueError:
+        fail(f"{param}.encrypted_content", "not a compaction this gateway made (POST /v1/responses/compact)")
+    item.message.role = pb.Role.ROLE_DEVELOPER
+    item.message.content.append(pb.ContentPart(input_text=pb.InputText(text=SUMMARY_HEADING + summary)))
+
+
+_ITEMS: dict[str, Callable[[pb.Item, JSON, str], None]] = {
+    "message": _message,
+    "function_call": _function_call,
+    "function_call_output": _function_call_output,
+    "reasoning": _reasoning,
+    "mcp_approval_request": _approval_request,
+    "mcp_approval_response": _approval_response,
+    "compaction": _compaction,
+}
+
+
+def tool_from_json(value: object, param: str) -> pb.Tool:
+    entry = obj(value, param)
+    kind = entry.get("type")
+    tool = pb.Tool()
+    if kind == "function":
+        function = tool.function
+        function.name = string(entry.get("name"), f"{param}.name")
+        function.description = optional_string(entry, "description", f"{param}.description") or ""
+        parameters = entry.get("parameters")
+        if parameters is not None:
+            function.parameters.update(obj(parameters, f"{param}.parameters"))
+        strict = entry.get("strict")
+        function.strict = bool(strict is not None and boolean(strict, f"{param}.strict"))
+    elif kind == "mcp":
+        tool.mcp.server_label = string(entry.get("server_label"), f"{param}.server_label")
+        allowed = entry.get("allowed_tools")
+        if isinstance(allowed, dict):
+            allowed = allowed.get("tool_names") or []
+        if allowed is not None:
+            names = array(allowed, f"{param}.allowed_tools")
+            tool.mcp.allowed_tools.extend(string(n, f"{param}.allowed_tools[{i}]") for i, n in enumerate(names))
+    elif kind == "code_interpreter":
+        tool.code_interpreter.SetInParent()
+    else:
+        fail(f"{param}.type", f"unknown tool type {str(kind)[:64]!r}: function, mcp, code_interpreter")
+    approval = entry.get("require_approval")
+    if approval is not None:
+        tool.require_approval.CopyFrom(_require_approval(approval, f"{param}.require_approval"))
+    return tool
+
+
+def _require_approval(value: object, param: str) -> pb.RequireApproval:
+    if isinstance(value, str):
+        return pb.RequireApproval(mode=one_of(value, param, APPROVALS))
+    entry = obj(value, param)
+    always = entry.get("always")
+    if always is None:
+        # {"never": {...}}: the spec's way to name the tools that need none; the rest then need one.
+        return pb.RequireApproval(mode=pb.ApprovalMode.APPROVAL_MODE_NEVER)
+    names = array(obj(always, f"{param}.always").get("tool_names", []), f"{param}.always.tool_names")
+    return pb.RequireApproval(tool_names=[string(n, f"{param}.always.tool_names") for n in names])
+
+
+def tool_choice_from_json(value: object, param: str) -> pb.ToolChoice:
+    if isinstance(value, str):
+        return pb.ToolChoice(mode=one_of(value, param, MODES))
+    entry = obj(value, param)
+    kind = entry.get("type")
+    if kind == "function":
+        return pb.ToolChoice(function=pb.NamedToolChoice(name=string(entry.get("name"), f"{param}.name")))
+    if kind == "allowed_tools":
+        mode = one_of(entry.get("mode", "auto"), f"{param}.mode", MODES)
+        names = []
+        for n, tool in enumerate(array(entry.get("tools"), f"{param}.tools")):
+            named = obj(tool, f"{param}.tools[{n}]")
+            names.append(string(named.get("name"), f"{param}.tools[{n}].name"))
+        return pb.ToolChoice(allowed_tools=pb.AllowedTools(mode=mode, tool_names=names))
+    raise bad(f"{param}.type", f"unknown tool_choice type {str(kind)[:64]!r}: function, allowed_tools")
+
+
+# --------------------------------------------------------------------------------------- out
+
+
+def part_json(part: pb.ContentPart) -> JSON:
+    kind = part.WhichOneof("part")
+    if kind == "output_text":
+        return {"type": "output_text", "text": part.output_text.text, "annotations": [], "logprobs": []}
+    if kind == "input_text":
+        return {"type": "input_text", "text": part.input_text.text}
+    if kind == "refusal":
+        return {"type": "refusal", "refusal": part.refusal.refusal}
+    if kind == "input_image":
+        image = part.input_image
+        return {"type": "input_image", "image_url": image.image_url, "detail": DETAIL_NAMES.get(image.detail, "auto")}
+    return {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+
+
+def item_json(item: pb.Item) -> JSON:
+    """An item as the spec's ItemField (OpenAI's shape for approvals, which the spec lacks)."""
+    kind = item.WhichOneof("kind")
+    status = ITEM_STATUS_NAMES.get(item.status, "completed")
+    if kind == "message":
+        message = item.message
+        return {
+            "type": "message",
+            "id": item.id,
+            "status": status,
+            "role": ROLE_NAMES.get(message.role, "assistant"),
+            "content": [part_json(p) for p in message.content],
+        }
+    if kind == "function_call":
+        call = item.function_call
+        return {
+            "type": "function_call",
+            "id": item.id,
+            "call_id": call.call_id,
+            "name": call.name,
+            "arguments": call.arguments,
+            "status": status,
+        }
+    if kind == "function_call_output":
+        result = item.function_call_output
+        return {
+            "type": "function_call_output",
+            "id": item.id,
+            "call_id": result.call_id,
+            "output": result.output,
+            "status": status,
+        }
+    if kind == "reasoning":
+        reasoning = item.reasoning
+        body: JSON = {
+            "type": "reasoning",
+            "id": item.id,
+            "summary": [{"type": "summary_text", "text": reasoning.summary}] if reasoning.summary else [],
+            "content": [{"type": "reasoning_text", "text": reasoning.text}] if reasoning.text else [],
+            "status": status,
+        }
+        if reasoning.encrypted_content:
+            body["encrypted_content"] = reasoning.encrypted_content
+        return body
+    if kind == "approval_request":
+        request = item.approval_request
+        return {
+            "type": "mcp_approval_request",
+            "id": request.call_id,
+            "server_label": request.server_label,
+            "name": request.name,
+            "arguments": request.arguments,
+            "status": status,
+        }
+    decision = item.approval_response
+    return {
+        "type": "mcp_approval_response",
+        "id": item.id,
+        "approval_request_id": decision.call_id,
+        "approve": decision.approve,
+        "reason": decision.reason or None,
+        "status": status,
+    }
+
+
+def tool_json(tool: pb.Tool) -> JSON:
+    kind = tool.WhichOneof("kind")
+    body: JSON
+    if kind == "function":
+        function = tool.function
+        body = {
+            "type": "function",
+            "name": function.name,
+            "description": function.description or None,
+            "parameters": MessageToDict(function.parameters) if function.HasField("parameters") else None,
+            "strict": function.strict,
+        }
+    elif kind == "mcp":
+        body = {"type": "mcp", "server_label": tool.mcp.server_label, "allowed_tools": list(tool.mcp.allowed_tools)}
+    else:
+        body = {"type": "code_interpreter", "container": {"type": "auto"}}
+    if tool.HasField("require_approval"):
+        approval = tool.require_approval
+        if approval.tool_names:
+            body["require_approval"] = {"always": {"tool_names": list(approval.tool_names)}}
+        elif approval.mode == pb.ApprovalMode.APPROVAL_MODE_ALWAYS:
+            body["require_approval"] = "always"
+        elif approval.mode == pb.ApprovalMode.APPROVAL_MODE_NEVER:
+            body["require_approval"] = "never"
+    return body
+
+
+def tool_choice_json(choice: pb.ToolChoice) -> Any:
+    kind = choice.WhichOneof("choice")
+    if kind == "function":
+        return {"type": "function", "name": choice.function.name}
+    if kind == "allowed_tools":
+        allowed = choice.allowed_tools
+        return {
+            "type": "allowed_tools",
+            "mode": MODE_NAMES.get(allowed.mode, "auto"),
+            "tools": [{"type": "function", "name": name} for name in allowed.tool_names],
+        }
+    if kind == "mode":
+        return MODE_NAMES.get(choice.mode, "auto")
+    return "auto"
+
+
+def usage_json(usage: pb.Usage) -> JSON:
+    return {
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "total_tokens": usage.total_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }
+
+
+def response_json(response: pb.Response) -> JSON:
+    """A Response as the spec's ResponseResource."""
+    finished = response.HasField("completed_at") and response.status not in (
+        S.RESPONSE_STATUS_QUEUED,
+        S.RESPONSE_STATUS_IN_PROGRESS,
+    )
+    error = response.error if response.HasField("error") and response.error.code else None
+    return {
+        "id": response.id,
+        "object": "response",
+        "created_at": response.created_at.seconds,
+        "completed_at": response.completed_at.seconds if finished else None,
+        "status": STATUS_NAMES.get(response.status, "in_progress"),
+        "incomplete_details": (
+            {"reason": response.incomplete_details.reason} if response.HasField("incomplete_details") else None
+        ),
+        "model": response.model,
+        "previous_response_id": response.previous_response_id or None,
+        "instructions": response.instructions or None,
+        "output": [item_json(item) for item in response.output],
+        "error": {"code": error.code, "message": error.message} if error is not None else None,
+        "tools": [tool_json(tool) for tool in response.tools],
+        "tool_choice": tool_choice_json(response.tool_choice),
+        "truncation": "auto" if response.truncation == pb.Truncation.TRUNCATION_AUTO else "disabled",
+        "parallel_tool_calls": response.parallel_tool_calls,
+        "text": {"format": {"type": "text"}},
+        "top_p": response.top_p if response.HasField("top_p") else 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "top_logprobs": 0,
+        "temperature": response.temperature if response.HasField("temperature") else 1.0,
+        "reasoning": None,
+        "usage": usage_json(response.usage) if response.HasField("usage") else None,
+        "max_output_tokens": response.max_output_tokens if response.HasField("max_output_tokens") else None,
+        "max_tool_calls": None,
+        "store": response.store,
+        "background": False,
+        "service_tier": "default",
+        "metadata": dict(response.metadata),
+        "safety_identifier": None,
+        "prompt_cache_key": None,
+    }
+
+
+def input_items_json(page: pb.ListInputItemsResponse) -> JSON:
+    return {
+        "object": "list",
+        "data": [item_json(item) for item in page.items],
+        "first_id": page.first_id or None,
+        "last_id": page.last_id or None,
+        "has_more": page.has_more,
+    }
+
+
+# ------------------------------------------------------------------------------------ events
+
+
+def _lifecycle(name: str) -> Callable[[Any], JSON]:
+    def render(payload: Any) -> JSON:
+        return {"type": name, "response": response_json(payload.response)}
+
+    return render
+
+
+def _item_event(name: str) -> Callable[[Any], JSON]:
+    def render(payload: Any) -> JSON:
+        return {"type": name, "output_index": payload.output_index, "item": item_json(payload.item)}
+
+    return render
+
+
+def _part_event(name: str) -> Callable[[Any], JSON]:
+    def render(payload: Any) -> JSON:
+        return {
+            "type": name,
+            "item_id": payload.item_id,
+            "output_index": payload.output_index,
+            "content_index": payload.content_index,
+            "part": part_json(payload.part),
+        }
+
+    return render
+
+
+def _text_event(name: str, field: str, logprobs: bool = False, content_index: bool = True) -> Callable[[Any], JSON]:
+    def render(payload: Any) -> JSON:
+        body: JSON = {"type": name, "item_id": payload.item_id, "output_index": payload.output_index}
+        if content_index:
+            body["content_index"] = getattr(payload, "content_index", 0)
+        key = "delta" if field == "delta" else field
+        body[key] = getattr(payload, field)
+        if logprobs:
+            body["logprobs"] = []
+        return body
+
+    return render
+
+
+def _reasoning_event(name: str, field: str) -> Callable[[Any], JSON]:
+    def render(payload: Any) -> JSON:
+        return {
+            "type": name,
+            "item_id": payload.item_id,
+            "output_index": payload.output_index,
+            "content_index": 0,
+            field: getattr(payload, field),
+        }
+
+    return render
+
+
+# The spec's events, by the name of the StreamEvent oneof case they come from.
+SPEC_EVENTS: dict[str, Callable[[Any], JSON]] = {
+    "created": _lifecycle("response.created"),
+    "in_progress": _lifecycle("response.in_progress"),
+    "completed": _lifecycle("response.completed"),
+    "requires_action": _lifecycle("response.completed"),
+    "incomplete": _lifecycle("response.incomplete"),
+    "failed": _lifecycle("response.failed"),
+    # The spec has no cancelled event: the response ended before it was done (status cancelled).
+    "cancelled": _lifecycle("response.incomplete"),
+    "output_item_added": _item_event("response.output_item.added"),
+    "output_item_done": _item_event("response.output_item.done"),
+    "content_part_added": _part_event("response.content_part.added"),
+    "content_part_done": _part_event("response.content_part.done"),
+    "output_text_delta": _text_event("response.output_text.delta", "delta", logprobs=True),
+    "output_text_done": _text_event("response.output_text.done", "text", logprobs=True),
+    "refusal_delta": _text_event("response.refusal.delta", "delta"),
+    "refusal_done": _text_event("response.refusal.done", "refusal"),
+    "function_call_arguments_delta": _text_event(
+        "response.function_call_arguments.delta", "delta", content_index=False
+    ),
+    "function_call_arguments_done": _text_event(
+        "response.function_call_arguments.done", "arguments", content_index=False
+    ),
+    "reasoning_text_delta": _reasoning_event("response.reasoning.delta", "delta"),
+    "reasoning_text_done": _reasoning_event("response.reasoning.done", "text"),
+}
+TERMINAL = frozenset({"completed", "requires_action", "incomplete", "failed", "cancelled"})
+# Our events beyond the spec are sent as `antwort.<case>` to a client that asks for them.
+EXTENSION_PREFIX = "antwort."
+
+
+def event_json(event: pb.StreamEvent, extended: bool = False) -> JSON | None:
+    """A stream event as the spec's event object; None for an event of ours the client did not ask
+    for (`extended`: every event, ours as `antwort.<name>` with the payload's protobuf JSON)."""
+    kind = event.WhichOneof("event")
+    if kind is None:
+        return None
+    render = SPEC_EVENTS.get(kind)
+    if render is not None:
+        body = render(getattr(event, kind))
+    elif extended:
+        body = {"type": EXTENSION_PREFIX + kind, **_extension_payload(getattr(event, kind))}
+    else:
+        return None
+    body["sequence_number"] = event.sequence_number
+    return body
+
+
+def _extension_payload(payload: Any) -> JSON:
+    data: JSON = MessageToDict(payload, preserving_proto_field_name=True)
+    # Items inside our events are shown in the spec's shape, as everywhere else on this door.
+    if "items" in data:
+        data["items"] = [item_json(item) for item in payload.items]
+    return data
+
+
+def sse(body: JSON) -> bytes:
+    """One server-sent event: its type as the event name, its JSON as the data."""
+    name: str = body["type"]
+    return b"event: " + name.encode() + b"\ndata: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
