@@ -7,7 +7,7 @@ depend on the host's load or speed (the same commit gives the same count on any 
 The gateway (`bench.gateway --provider openai`, memory store) runs under valgrind with
 instrumentation off until 20 warm-up requests are done; then it counts `--requests` non-streamed
 and then as many streamed requests (20 words each, the bench backend in a process of its own), and
-prints instructions per request for each. Needs valgrind (`apt-get install valgrind`). Only the
+prints instructions per request for each (`--modes`: unary, stream, stream_uncoalesced). Needs valgrind (`apt-get install valgrind`). Only the
 gateway process is counted: the backend and this client are not.
 """
 
@@ -21,7 +21,9 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -52,14 +54,27 @@ def _start(args: list[str], cwd: Path, valgrind: list[str] | None = None) -> sub
     )
 
 
-async def _drive(target: str, pid: int, requests: int) -> None:
+def _request(stream: bool, **fields: Any) -> pb.CreateResponseRequest:
+    return pb.CreateResponseRequest(model=MODEL, input_text="hello", stream=stream, **fields)
+
+
+# What is counted, by name: the same answer not streamed, streamed (deltas coalesced, the
+# default), and streamed with every backend chunk its own event (coalescing off).
+REQUESTS: dict[str, Callable[[], pb.CreateResponseRequest]] = {
+    "unary": lambda: _request(False),
+    "stream": lambda: _request(True),
+    "stream_uncoalesced": lambda: _request(True, delta_coalescing=pb.DeltaCoalescing(disabled=True)),
+}
+
+
+async def _drive(target: str, pid: int, requests: int, modes: list[str]) -> None:
     def control(*what: str) -> None:
         subprocess.run(["callgrind_control", *what, str(pid)], check=True, capture_output=True)
 
     async with grpc.aio.insecure_channel(target) as channel:
         stub = pb.ResponsesServiceStub(channel)
-        for name, stream in (("unary", False), ("stream", True)):
-            request = pb.CreateResponseRequest(model=MODEL, input_text="hello", stream=stream)
+        for name in modes:
+            request = REQUESTS[name]()
             for counted in (False, True):
                 if counted:
                     control("-z")
@@ -71,7 +86,7 @@ async def _drive(target: str, pid: int, requests: int) -> None:
             control("-d", name)
 
 
-def measure(checkout: Path, requests: int) -> dict[str, float]:
+def measure(checkout: Path, requests: int, modes: list[str]) -> dict[str, float]:
     out = Path(tempfile.mkdtemp(prefix="callgrind-"))
     backend = _start(["bench.backend"], checkout)
     gateway = None
@@ -79,7 +94,7 @@ def measure(checkout: Path, requests: int) -> dict[str, float]:
         url = f"http://127.0.0.1:{_ready(backend)}/v1"
         valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}/cg.%p"]
         gateway = _start(["bench.gateway", "--provider", "openai", "--backend-url", url], checkout, valgrind)
-        asyncio.run(_drive(f"127.0.0.1:{_ready(gateway)}", gateway.pid, requests))
+        asyncio.run(_drive(f"127.0.0.1:{_ready(gateway)}", gateway.pid, requests, modes))
     finally:
         for process in (gateway, backend):
             if process is not None:
@@ -99,8 +114,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parent.parent)
     parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--modes", default="unary,stream,stream_uncoalesced", help=f"of {','.join(REQUESTS)}")
     args = parser.parse_args()
-    for name, count in sorted(measure(args.checkout.resolve(), args.requests).items()):
+    modes = [m for m in args.modes.split(",") if m]
+    if unknown := [m for m in modes if m not in REQUESTS]:
+        parser.error(f"unknown modes {unknown}")
+    for name, count in sorted(measure(args.checkout.resolve(), args.requests, modes).items()):
         print(f"{args.checkout.name} {name}: {count / 1e6:.3f} M instructions per request")
 
 
