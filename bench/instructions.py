@@ -5,9 +5,10 @@ depend on the host's load or speed (the same commit gives the same count on any 
     python -m bench.instructions --checkout ../base    # another checkout's gateway (a git worktree)
 
 The gateway (`bench.gateway --provider openai`, memory store) runs under valgrind with
-instrumentation off until 20 warm-up requests are done; then it counts `--requests` non-streamed
-and then as many streamed requests (20 words each, the bench backend in a process of its own), and
-prints instructions per request for each (`--modes`: unary, stream, stream_uncoalesced). Needs valgrind (`apt-get install valgrind`). Only the
+instrumentation off until 20 warm-up requests are done; then it counts `--requests` requests of
+each of `--modes` (20 words each, the bench backend in a process of its own: `unary` not
+streamed, `stream` streamed, `stream_uncoalesced` streamed with one event per backend chunk), and
+prints instructions per request for each. Needs valgrind (`apt-get install valgrind`). Only the
 gateway process is counted: the backend and this client are not.
 """
 

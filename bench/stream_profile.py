@@ -37,22 +37,48 @@ WARM_UP = 50
 PARTS: list[tuple[str, tuple[str, ...]]] = [
     (
         "backend decode (SSE, JSON chunks, deltas)",
-        ("openai/sse.py", "openai/translate.py", "openai/wire.py", "_parse_chunk", "OpenAICompatProvider._feed",
-         "pydantic", "msgspec", "providers/coalesce.py", "openai/decode.py"),
+        (
+            "openai/sse.py",
+            "openai/translate.py",
+            "openai/wire.py",
+            "_parse_chunk",
+            "OpenAICompatProvider._feed",
+            "pydantic",
+            "msgspec",
+            "providers/coalesce.py",
+            "openai/decode.py",
+        ),
     ),
     ("backend HTTP (aiohttp, request body)", ("aiohttp/", "openai/request.py", "openai/provider.py")),
     (
         "lifecycle events (created, in_progress, terminal)",
-        ("ResponseEmitter.opening", "ResponseEmitter.created", "ResponseEmitter.in_progress",
-         "ResponseEmitter.terminal", "ResponseEmitter._ended", "ResponseEmitter._copied",
-         "ResponseEmitter._serialized", "ResponseEmitter._lifecycle", "take_wire", "engine/request.py"),
+        (
+            "ResponseEmitter.opening",
+            "ResponseEmitter.created",
+            "ResponseEmitter.in_progress",
+            "ResponseEmitter.terminal",
+            "ResponseEmitter._ended",
+            "ResponseEmitter._copied",
+            "ResponseEmitter._serialized",
+            "ResponseEmitter._lifecycle",
+            "take_wire",
+            "engine/request.py",
+        ),
     ),
     ("deltas, items and turn events (emitter)", ("engine/emitter.py",)),
     ("store", ("storage/",)),
     (
         "gRPC send (serialize, write)",
-        ("EventMessage.", "protowire.py", "servicer.py:_message", "_message (", "server/batching.py",
-         "decode.py:187", "decode.py:186", "unary_stream"),
+        (
+            "EventMessage.",
+            "protowire.py",
+            "servicer.py:_message",
+            "_message (",
+            "server/batching.py",
+            "decode.py:187",
+            "decode.py:186",
+            "unary_stream",
+        ),
     ),
     ("engine (loop, turns, model call task)", ("engine/",)),
     ("servicer, edge, admission", ("server/", "edge.py", "responses/", "observability/", "auth/")),
@@ -135,7 +161,7 @@ def main() -> None:
     print("| part | " + " | ".join(f"{mode}: % / µs" for mode in results) + " |")
     print("| --- |" + " ---: |" * len(results))
     for part in parts:
-        cells = [f"{100 * share.get(part, 0):.1f} / {cpu * share.get(part, 0) * 1e6:.0f}" for cpu, share in results.values()]
+        cells = [f"{100 * s.get(part, 0):.1f} / {cpu * s.get(part, 0) * 1e6:.0f}" for cpu, s in results.values()]
         print(f"| {part} | " + " | ".join(cells) + " |")
     print("| CPU per request (µs) | " + " | ".join(f"{cpu * 1e6:.0f}" for cpu, _ in results.values()) + " |")
 
