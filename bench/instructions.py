@@ -7,7 +7,8 @@ depend on the host's load or speed (the same commit gives the same count on any 
 The gateway (`bench.gateway --provider openai`, memory store) runs under valgrind with
 instrumentation off until 20 warm-up requests are done; then it counts `--requests` requests of
 each of `--modes` (20 words each, the bench backend in a process of its own: `unary` not
-streamed, `stream` streamed, `stream_uncoalesced` streamed with one event per backend chunk), and
+streamed, `stream` streamed, `stream_uncoalesced` streamed with one event per backend chunk, `stream_batched` with
+events produced together in one message), and
 prints instructions per request for each. Needs valgrind (`apt-get install valgrind`). Only the
 gateway process is counted: the backend and this client are not.
 """
@@ -65,6 +66,11 @@ REQUESTS: dict[str, Callable[[], pb.CreateResponseRequest]] = {
     "unary": lambda: _request(False),
     "stream": lambda: _request(True),
     "stream_uncoalesced": lambda: _request(True, delta_coalescing=pb.DeltaCoalescing(disabled=True)),
+    # Events produced at the same moment in one message (a checkout whose contract has the field).
+    "stream_batched": lambda: _request(True, batch_events=True),
+    "stream_batched_uncoalesced": lambda: _request(
+        True, batch_events=True, delta_coalescing=pb.DeltaCoalescing(disabled=True)
+    ),
 }
 
 

@@ -31,7 +31,7 @@ from antwort_grpc.pb import tool_pb2 as antwort_dot_v1_dot_tool__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"antwort/v1/responses_service.proto\x12\nantwort.v1\x1a\x18\x61ntwort/v1/control.proto\x1a\x16\x61ntwort/v1/event.proto\x1a\x15\x61ntwort/v1/item.proto\x1a\x19\x61ntwort/v1/response.proto\x1a\x15\x61ntwort/v1/tool.proto\x1a\x1egoogle/protobuf/duration.proto\"\xe3\x07\n\x15\x43reateResponseRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\ninput_text\x18\x02 \x01(\tH\x00\x12+\n\x0binput_items\x18\x03 \x01(\x0b\x32\x14.antwort.v1.ItemListH\x00\x12\x14\n\x0cinstructions\x18\x04 \x01(\t\x12\x1c\n\x14previous_response_id\x18\x05 \x01(\t\x12\x1f\n\x05tools\x18\x06 \x03(\x0b\x32\x10.antwort.v1.Tool\x12+\n\x0btool_choice\x18\x07 \x01(\x0b\x32\x16.antwort.v1.ToolChoice\x12 \n\x13parallel_tool_calls\x18\x08 \x01(\x08H\x01\x88\x01\x01\x12\x1e\n\x11max_output_tokens\x18\t \x01(\x05H\x02\x88\x01\x01\x12\x18\n\x0btemperature\x18\n \x01(\x01H\x03\x88\x01\x01\x12\x12\n\x05top_p\x18\x0b \x01(\x01H\x04\x88\x01\x01\x12\x12\n\x05store\x18\x0c \x01(\x08H\x05\x88\x01\x01\x12\x0e\n\x06stream\x18\r \x01(\x08\x12\x41\n\x08metadata\x18\x0e \x03(\x0b\x32/.antwort.v1.CreateResponseRequest.MetadataEntry\x12*\n\ntruncation\x18\x0f \x01(\x0e\x32\x16.antwort.v1.Truncation\x12/\n\x0ctool_timeout\x18\x10 \x01(\x0b\x32\x19.google.protobuf.Duration\x12J\n\rtool_timeouts\x18\x11 \x03(\x0b\x32\x33.antwort.v1.CreateResponseRequest.ToolTimeoutsEntry\x12\x36\n\x11tool_failure_mode\x18\x12 \x01(\x0e\x32\x1b.antwort.v1.ToolFailureMode\x12+\n\x06limits\x18\x13 \x01(\x0b\x32\x1b.antwort.v1.ExecutionLimits\x12\x35\n\x10\x64\x65lta_coalescing\x18\x14 \x01(\x0b\x32\x1b.antwort.v1.DeltaCoalescing\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1aN\n\x11ToolTimeoutsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration:\x02\x38\x01\x42\x07\n\x05inputB\x16\n\x14_parallel_tool_callsB\x14\n\x12_max_output_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_store\"P\n\x0f\x44\x65ltaCoalescing\x12\x10\n\x08\x64isabled\x18\x01 \x01(\x08\x12+\n\x08max_hold\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xce\x01\n\x0f\x45xecutionLimits\x12\x16\n\tmax_turns\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x1b\n\x0emax_tool_calls\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12/\n\x0cmax_duration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1e\n\x11max_output_tokens\x18\x04 \x01(\x05H\x02\x88\x01\x01\x42\x0c\n\n_max_turnsB\x11\n\x0f_max_tool_callsB\x14\n\x12_max_output_tokens\"+\n\x08ItemList\x12\x1f\n\x05items\x18\x01 \x03(\x0b\x32\x10.antwort.v1.Item\"@\n\x16\x43reateResponseResponse\x12&\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x17.antwort.v1.StreamEvent\")\n\x12GetResponseRequest\x12\x13\n\x0bresponse_id\x18\x01 \x01(\t\"=\n\x13GetResponseResponse\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response\",\n\x15\x44\x65leteResponseRequest\x12\x13\n\x0bresponse_id\x18\x01 \x01(\t\">\n\x16\x44\x65leteResponseResponse\x12\x13\n\x0bresponse_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65leted\x18\x02 \x01(\x08\",\n\x15\x43\x61ncelResponseRequest\x12\x13\n\x0bresponse_id\x18\x01 \x01(\t\"@\n\x16\x43\x61ncelResponseResponse\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response\"p\n\x15ListInputItemsRequest\x12\x13\n\x0bresponse_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\x12\r\n\x05\x61\x66ter\x18\x03 \x01(\t\x12$\n\x05order\x18\x04 \x01(\x0e\x32\x15.antwort.v1.ListOrder\"n\n\x16ListInputItemsResponse\x12\x1f\n\x05items\x18\x01 \x03(\x0b\x32\x10.antwort.v1.Item\x12\x10\n\x08\x66irst_id\x18\x02 \x01(\t\x12\x0f\n\x07last_id\x18\x03 \x01(\t\x12\x10\n\x08has_more\x18\x04 \x01(\x08\"y\n\x0f\x43onverseRequest\x12\x33\n\x06\x63reate\x18\x01 \x01(\x0b\x32!.antwort.v1.CreateResponseRequestH\x00\x12&\n\x07\x63ontrol\x18\x02 \x01(\x0b\x32\x13.antwort.v1.ControlH\x00\x42\t\n\x07message\"x\n\x10\x43onverseResponse\x12(\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x17.antwort.v1.StreamEventH\x00\x12/\n\x08rejected\x18\x02 \x01(\x0b\x32\x1b.antwort.v1.ControlRejectedH\x00\x42\t\n\x07message\"S\n\x16\x43ontrolResponseRequest\x12\x13\n\x0bresponse_id\x18\x01 \x01(\t\x12$\n\x07\x63ontrol\x18\x02 \x01(\x0b\x32\x13.antwort.v1.Control\"A\n\x17\x43ontrolResponseResponse\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response*p\n\x0fToolFailureMode\x12!\n\x1dTOOL_FAILURE_MODE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aTOOL_FAILURE_MODE_CONTINUE\x10\x01\x12\x1a\n\x16TOOL_FAILURE_MODE_FAIL\x10\x02*P\n\tListOrder\x12\x1a\n\x16LIST_ORDER_UNSPECIFIED\x10\x00\x12\x12\n\x0eLIST_ORDER_ASC\x10\x01\x12\x13\n\x0fLIST_ORDER_DESC\x10\x02\x32\xef\x04\n\x10ResponsesService\x12Y\n\x0e\x43reateResponse\x12!.antwort.v1.CreateResponseRequest\x1a\".antwort.v1.CreateResponseResponse0\x01\x12N\n\x0bGetResponse\x12\x1e.antwort.v1.GetResponseRequest\x1a\x1f.antwort.v1.GetResponseResponse\x12W\n\x0e\x44\x65leteResponse\x12!.antwort.v1.DeleteResponseRequest\x1a\".antwort.v1.DeleteResponseResponse\x12W\n\x0e\x43\x61ncelResponse\x12!.antwort.v1.CancelResponseRequest\x1a\".antwort.v1.CancelResponseResponse\x12W\n\x0eListInputItems\x12!.antwort.v1.ListInputItemsRequest\x1a\".antwort.v1.ListInputItemsResponse\x12I\n\x08\x43onverse\x12\x1b.antwort.v1.ConverseRequest\x1a\x1c.antwort.v1.ConverseResponse(\x01\x30\x01\x12Z\n\x0f\x43ontrolResponse\x12\".antwort.v1.ControlResponseRequest\x1a#.antwort.v1.ControlResponseResponseBq\n\x14io.github.antwort.v1B\x15ResponsesServiceProtoP\x01Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"antwort/v1/responses_service.proto\x12\nantwort.v1\x1a\x18\x61ntwort/v1/control.proto\x1a\x16\x61ntwort/v1/event.proto\x1a\x15\x61ntwort/v1/item.proto\x1a\x19\x61ntwort/v1/response.proto\x1a\x15\x61ntwort/v1/tool.proto\x1a\x1egoogle/protobuf/duration.proto\"\xf9\x07\n\x15\x43reateResponseRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\ninput_text\x18\x02 \x01(\tH\x00\x12+\n\x0binput_items\x18\x03 \x01(\x0b\x32\x14.antwort.v1.ItemListH\x00\x12\x14\n\x0cinstructions\x18\x04 \x01(\t\x12\x1c\n\x14previous_response_id\x18\x05 \x01(\t\x12\x1f\n\x05tools\x18\x06 \x03(\x0b\x32\x10.antwort.v1.Tool\x12+\n\x0btool_choice\x18\x07 \x01(\x0b\x32\x16.antwort.v1.ToolChoice\x12 \n\x13parallel_tool_calls\x18\x08 \x01(\x08H\x01\x88\x01\x01\x12\x1e\n\x11max_output_tokens\x18\t \x01(\x05H\x02\x88\x01\x01\x12\x18\n\x0btemperature\x18\n \x01(\x01H\x03\x88\x01\x01\x12\x12\n\x05top_p\x18\x0b \x01(\x01H\x04\x88\x01\x01\x12\x12\n\x05store\x18\x0c \x01(\x08H\x05\x88\x01\x01\x12\x0e\n\x06stream\x18\r \x01(\x08\x12\x41\n\x08metadata\x18\x0e \x03(\x0b\x32/.antwort.v1.CreateResponseRequest.MetadataEntry\x12*\n\ntruncation\x18\x0f \x01(\x0e\x32\x16.antwort.v1.Truncation\x12/\n\x0ctool_timeout\x18\x10 \x01(\x0b\x32\x19.google.protobuf.Duration\x12J\n\rtool_timeouts\x18\x11 \x03(\x0b\x32\x33.antwort.v1.CreateResponseRequest.ToolTimeoutsEntry\x12\x36\n\x11tool_failure_mode\x18\x12 \x01(\x0e\x32\x1b.antwort.v1.ToolFailureMode\x12+\n\x06limits\x18\x13 \x01(\x0b\x32\x1b.antwort.v1.ExecutionLimits\x12\x35\n\x10\x64\x65lta_coalescing\x18\x14 \x01(\x0b\x32\x1b.antwort.v1.DeltaCoalescing\x12\x14\n\x0c\x62\x61tch_events\x18\x1e \x01(\x08\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1aN\n\x11ToolTimeoutsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration:\x02\x38\x01\x42\x07\n\x05inputB\x16\n\x14_parallel_tool_callsB\x14\n\x12_max_output_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_store\"P\n\x0f\x44\x65ltaCoalescing\x12\x10\n\x08\x64isabled\x18\x01 \x01(\x08\x12+\n\x08max_hold\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xce\x01\n\x0f\x45xecutionLimits\x12\x16\n\tmax_turns\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x1b\n\x0emax_tool_calls\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12/\n\x0cmax_duration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1e\n\x11max_output_tokens\x18\x04 \x01(\x05H\x02\x88\x01\x01\x42\x0c\n\n_max_turnsB\x11\n\x0f_max_tool_callsB\x14\n\x12_max_output_tokens\"+\n\x08ItemList\x12\x1f\n\x05items\x18\x01 \x03(\x0b\x32\x10.antwort.v1.Item\"i\n\x16\x43reateResponseResponse\x12&\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x17.antwort.v1.StreamEvent\x12\'\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x17.antwort.v1.StreamEvent\")\n\x12GetResponseRequest\x12\x13\n\x0bresponse_id\x18\x01 \x01(\t\"=\n\x13GetResponseResponse\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response\",\n\x15\x44\x65leteResponseRequest\x12\x13\n\x0bresponse_id\x18\x01 \x01(\t\">\n\x16\x44\x65leteResponseResponse\x12\x13\n\x0bresponse_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65leted\x18\x02 \x01(\x08\",\n\x15\x43\x61ncelResponseRequest\x12\x13\n\x0bresponse_id\x18\x01 \x01(\t\"@\n\x16\x43\x61ncelResponseResponse\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response\"p\n\x15ListInputItemsRequest\x12\x13\n\x0bresponse_id\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\x12\r\n\x05\x61\x66ter\x18\x03 \x01(\t\x12$\n\x05order\x18\x04 \x01(\x0e\x32\x15.antwort.v1.ListOrder\"n\n\x16ListInputItemsResponse\x12\x1f\n\x05items\x18\x01 \x03(\x0b\x32\x10.antwort.v1.Item\x12\x10\n\x08\x66irst_id\x18\x02 \x01(\t\x12\x0f\n\x07last_id\x18\x03 \x01(\t\x12\x10\n\x08has_more\x18\x04 \x01(\x08\"y\n\x0f\x43onverseRequest\x12\x33\n\x06\x63reate\x18\x01 \x01(\x0b\x32!.antwort.v1.CreateResponseRequestH\x00\x12&\n\x07\x63ontrol\x18\x02 \x01(\x0b\x32\x13.antwort.v1.ControlH\x00\x42\t\n\x07message\"\xa1\x01\n\x10\x43onverseResponse\x12(\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x17.antwort.v1.StreamEventH\x00\x12/\n\x08rejected\x18\x02 \x01(\x0b\x32\x1b.antwort.v1.ControlRejectedH\x00\x12\'\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x17.antwort.v1.StreamEventB\t\n\x07message\"S\n\x16\x43ontrolResponseRequest\x12\x13\n\x0bresponse_id\x18\x01 \x01(\t\x12$\n\x07\x63ontrol\x18\x02 \x01(\x0b\x32\x13.antwort.v1.Control\"A\n\x17\x43ontrolResponseResponse\x12&\n\x08response\x18\x01 \x01(\x0b\x32\x14.antwort.v1.Response*p\n\x0fToolFailureMode\x12!\n\x1dTOOL_FAILURE_MODE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aTOOL_FAILURE_MODE_CONTINUE\x10\x01\x12\x1a\n\x16TOOL_FAILURE_MODE_FAIL\x10\x02*P\n\tListOrder\x12\x1a\n\x16LIST_ORDER_UNSPECIFIED\x10\x00\x12\x12\n\x0eLIST_ORDER_ASC\x10\x01\x12\x13\n\x0fLIST_ORDER_DESC\x10\x02\x32\xef\x04\n\x10ResponsesService\x12Y\n\x0e\x43reateResponse\x12!.antwort.v1.CreateResponseRequest\x1a\".antwort.v1.CreateResponseResponse0\x01\x12N\n\x0bGetResponse\x12\x1e.antwort.v1.GetResponseRequest\x1a\x1f.antwort.v1.GetResponseResponse\x12W\n\x0e\x44\x65leteResponse\x12!.antwort.v1.DeleteResponseRequest\x1a\".antwort.v1.DeleteResponseResponse\x12W\n\x0e\x43\x61ncelResponse\x12!.antwort.v1.CancelResponseRequest\x1a\".antwort.v1.CancelResponseResponse\x12W\n\x0eListInputItems\x12!.antwort.v1.ListInputItemsRequest\x1a\".antwort.v1.ListInputItemsResponse\x12I\n\x08\x43onverse\x12\x1b.antwort.v1.ConverseRequest\x1a\x1c.antwort.v1.ConverseResponse(\x01\x30\x01\x12Z\n\x0f\x43ontrolResponse\x12\".antwort.v1.ControlResponseRequest\x1a#.antwort.v1.ControlResponseResponseBq\n\x14io.github.antwort.v1B\x15ResponsesServiceProtoP\x01Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,48 +43,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATERESPONSEREQUEST_METADATAENTRY']._serialized_options = b'8\001'
   _globals['_CREATERESPONSEREQUEST_TOOLTIMEOUTSENTRY']._loaded_options = None
   _globals['_CREATERESPONSEREQUEST_TOOLTIMEOUTSENTRY']._serialized_options = b'8\001'
-  _globals['_TOOLFAILUREMODE']._serialized_start=2556
-  _globals['_TOOLFAILUREMODE']._serialized_end=2668
-  _globals['_LISTORDER']._serialized_start=2670
-  _globals['_LISTORDER']._serialized_end=2750
+  _globals['_TOOLFAILUREMODE']._serialized_start=2661
+  _globals['_TOOLFAILUREMODE']._serialized_end=2773
+  _globals['_LISTORDER']._serialized_start=2775
+  _globals['_LISTORDER']._serialized_end=2855
   _globals['_CREATERESPONSEREQUEST']._serialized_start=206
-  _globals['_CREATERESPONSEREQUEST']._serialized_end=1201
-  _globals['_CREATERESPONSEREQUEST_METADATAENTRY']._serialized_start=983
-  _globals['_CREATERESPONSEREQUEST_METADATAENTRY']._serialized_end=1030
-  _globals['_CREATERESPONSEREQUEST_TOOLTIMEOUTSENTRY']._serialized_start=1032
-  _globals['_CREATERESPONSEREQUEST_TOOLTIMEOUTSENTRY']._serialized_end=1110
-  _globals['_DELTACOALESCING']._serialized_start=1203
-  _globals['_DELTACOALESCING']._serialized_end=1283
-  _globals['_EXECUTIONLIMITS']._serialized_start=1286
-  _globals['_EXECUTIONLIMITS']._serialized_end=1492
-  _globals['_ITEMLIST']._serialized_start=1494
-  _globals['_ITEMLIST']._serialized_end=1537
-  _globals['_CREATERESPONSERESPONSE']._serialized_start=1539
-  _globals['_CREATERESPONSERESPONSE']._serialized_end=1603
-  _globals['_GETRESPONSEREQUEST']._serialized_start=1605
-  _globals['_GETRESPONSEREQUEST']._serialized_end=1646
-  _globals['_GETRESPONSERESPONSE']._serialized_start=1648
-  _globals['_GETRESPONSERESPONSE']._serialized_end=1709
-  _globals['_DELETERESPONSEREQUEST']._serialized_start=1711
-  _globals['_DELETERESPONSEREQUEST']._serialized_end=1755
-  _globals['_DELETERESPONSERESPONSE']._serialized_start=1757
-  _globals['_DELETERESPONSERESPONSE']._serialized_end=1819
-  _globals['_CANCELRESPONSEREQUEST']._serialized_start=1821
-  _globals['_CANCELRESPONSEREQUEST']._serialized_end=1865
-  _globals['_CANCELRESPONSERESPONSE']._serialized_start=1867
-  _globals['_CANCELRESPONSERESPONSE']._serialized_end=1931
-  _globals['_LISTINPUTITEMSREQUEST']._serialized_start=1933
-  _globals['_LISTINPUTITEMSREQUEST']._serialized_end=2045
-  _globals['_LISTINPUTITEMSRESPONSE']._serialized_start=2047
-  _globals['_LISTINPUTITEMSRESPONSE']._serialized_end=2157
-  _globals['_CONVERSEREQUEST']._serialized_start=2159
-  _globals['_CONVERSEREQUEST']._serialized_end=2280
-  _globals['_CONVERSERESPONSE']._serialized_start=2282
-  _globals['_CONVERSERESPONSE']._serialized_end=2402
-  _globals['_CONTROLRESPONSEREQUEST']._serialized_start=2404
-  _globals['_CONTROLRESPONSEREQUEST']._serialized_end=2487
-  _globals['_CONTROLRESPONSERESPONSE']._serialized_start=2489
-  _globals['_CONTROLRESPONSERESPONSE']._serialized_end=2554
-  _globals['_RESPONSESSERVICE']._serialized_start=2753
-  _globals['_RESPONSESSERVICE']._serialized_end=3376
+  _globals['_CREATERESPONSEREQUEST']._serialized_end=1223
+  _globals['_CREATERESPONSEREQUEST_METADATAENTRY']._serialized_start=1005
+  _globals['_CREATERESPONSEREQUEST_METADATAENTRY']._serialized_end=1052
+  _globals['_CREATERESPONSEREQUEST_TOOLTIMEOUTSENTRY']._serialized_start=1054
+  _globals['_CREATERESPONSEREQUEST_TOOLTIMEOUTSENTRY']._serialized_end=1132
+  _globals['_DELTACOALESCING']._serialized_start=1225
+  _globals['_DELTACOALESCING']._serialized_end=1305
+  _globals['_EXECUTIONLIMITS']._serialized_start=1308
+  _globals['_EXECUTIONLIMITS']._serialized_end=1514
+  _globals['_ITEMLIST']._serialized_start=1516
+  _globals['_ITEMLIST']._serialized_end=1559
+  _globals['_CREATERESPONSERESPONSE']._serialized_start=1561
+  _globals['_CREATERESPONSERESPONSE']._serialized_end=1666
+  _globals['_GETRESPONSEREQUEST']._serialized_start=1668
+  _globals['_GETRESPONSEREQUEST']._serialized_end=1709
+  _globals['_GETRESPONSERESPONSE']._serialized_start=1711
+  _globals['_GETRESPONSERESPONSE']._serialized_end=1772
+  _globals['_DELETERESPONSEREQUEST']._serialized_start=1774
+  _globals['_DELETERESPONSEREQUEST']._serialized_end=1818
+  _globals['_DELETERESPONSERESPONSE']._serialized_start=1820
+  _globals['_DELETERESPONSERESPONSE']._serialized_end=1882
+  _globals['_CANCELRESPONSEREQUEST']._serialized_start=1884
+  _globals['_CANCELRESPONSEREQUEST']._serialized_end=1928
+  _globals['_CANCELRESPONSERESPONSE']._serialized_start=1930
+  _globals['_CANCELRESPONSERESPONSE']._serialized_end=1994
+  _globals['_LISTINPUTITEMSREQUEST']._serialized_start=1996
+  _globals['_LISTINPUTITEMSREQUEST']._serialized_end=2108
+  _globals['_LISTINPUTITEMSRESPONSE']._serialized_start=2110
+  _globals['_LISTINPUTITEMSRESPONSE']._serialized_end=2220
+  _globals['_CONVERSEREQUEST']._serialized_start=2222
+  _globals['_CONVERSEREQUEST']._serialized_end=2343
+  _globals['_CONVERSERESPONSE']._serialized_start=2346
+  _globals['_CONVERSERESPONSE']._serialized_end=2507
+  _globals['_CONTROLRESPONSEREQUEST']._serialized_start=2509
+  _globals['_CONTROLRESPONSEREQUEST']._serialized_end=2592
+  _globals['_CONTROLRESPONSERESPONSE']._serialized_start=2594
+  _globals['_CONTROLRESPONSERESPONSE']._serialized_end=2659
+  _globals['_RESPONSESSERVICE']._serialized_start=2858
+  _globals['_RESPONSESSERVICE']._serialized_end=3481
 # @@protoc_insertion_point(module_scope)
