@@ -243,15 +243,22 @@ async def overhead(scale: Scale, results: Results, backend: Child) -> None:
                     results.add("gateway_cpu_ms_per_request_c32", cpu, "ms")
             results.add("throughput_ratio_c32", wall["direct"] / wall["gateway"])
             # The same answer streamed and not: the gateway's CPU per request of each (concurrency 1).
+            # (Batched: the client asks for batch_events, events produced together in one message.)
             cpu = {}
-            for mode in ("stream", "create") if flip else ("create", "stream"):
+            modes = {
+                "create": ["-mode", "create"],
+                "stream": ["-mode", "stream"],
+                "batched": ["-mode", "stream", "-batch"],
+            }
+            for mode in reversed(modes) if flip else modes:
                 before = gw.cpu_seconds()
-                report = await loadgen.run("-mode", mode, "-target", gw.target, "-model", model,
+                report = await loadgen.run(*modes[mode], "-target", gw.target, "-model", model,
                                            "-n", str(scale.c1_requests), "-c", "1")  # fmt: skip
                 if report["errors"]:
                     raise RuntimeError(f"{mode}: {report['errors']} requests failed")
                 cpu[mode] = (gw.cpu_seconds() - before) / scale.c1_requests
             results.add("stream_cpu_ratio", cpu["stream"] / cpu["create"])
+            results.add("stream_cpu_ratio_batched", cpu["batched"] / cpu["create"])
             results.add("gateway_cpu_ms_per_streamed_request", _ms(cpu["stream"]), "ms")
         # The p99 of a few hundred samples is one or two requests: pool every round's samples.
         results.set_headline(

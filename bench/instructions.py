@@ -93,17 +93,28 @@ async def _drive(target: str, pid: int, requests: int, modes: list[str]) -> None
             control("-d", name)
 
 
-def measure(checkout: Path, requests: int, modes: list[str]) -> dict[str, float]:
+def measure(
+    checkout: Path, requests: int, modes: list[str], observed: float = 0.0, metrics: bool = False
+) -> dict[str, float]:
+    """`observed`: metrics and traces on, this ratio of root traces sampled (parent-based), the
+    spans exported to a receiver in a process of its own; 0: off. `metrics`: metrics alone."""
     out = Path(tempfile.mkdtemp(prefix="callgrind-"))
     backend = _start(["bench.backend"], checkout)
+    sink = _start(["bench.otlp_sink"], checkout) if observed else None
     gateway = None
     try:
         url = f"http://127.0.0.1:{_ready(backend)}/v1"
         valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}/cg.%p"]
-        gateway = _start(["bench.gateway", "--provider", "openai", "--backend-url", url], checkout, valgrind)
+        args = ["bench.gateway", "--provider", "openai", "--backend-url", url]
+        if metrics:
+            args.append("--metrics")
+        if sink is not None:
+            endpoint = f"http://127.0.0.1:{_ready(sink)}"
+            args += ["--metrics", "--otlp-endpoint", endpoint, "--trace-ratio", str(observed)]
+        gateway = _start(args, checkout, valgrind)
         asyncio.run(_drive(f"127.0.0.1:{_ready(gateway)}", gateway.pid, requests, modes))
     finally:
-        for process in (gateway, backend):
+        for process in (gateway, backend, sink):
             if process is not None:
                 process.terminate()
                 process.wait()
@@ -122,11 +133,15 @@ def main() -> None:
     parser.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parent.parent)
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--modes", default="unary,stream,stream_uncoalesced", help=f"of {','.join(REQUESTS)}")
+    parser.add_argument("--observed", type=float, default=0.0, help="metrics + traces, this ratio sampled")
+    parser.add_argument("--metrics", action="store_true", help="metrics alone")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if unknown := [m for m in modes if m not in REQUESTS]:
         parser.error(f"unknown modes {unknown}")
-    for name, count in sorted(measure(args.checkout.resolve(), args.requests, modes).items()):
+    for name, count in sorted(
+        measure(args.checkout.resolve(), args.requests, modes, args.observed, args.metrics).items()
+    ):
         print(f"{args.checkout.name} {name}: {count / 1e6:.3f} M instructions per request")
 
 

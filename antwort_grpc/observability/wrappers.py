@@ -69,10 +69,10 @@ class ObservedProvider:
         m = self._metrics
         if m is not None:
             labels = (CHAT, self._name, turn.model)
-            m.client_duration.labels(*labels, error).observe((ended or time.perf_counter()) - started)
+            m.child(m.client_duration, *labels, error).observe((ended or time.perf_counter()) - started)
             if usage is not None:
-                m.client_tokens.labels(*labels, "input").observe(usage.input_tokens)
-                m.client_tokens.labels(*labels, "output").observe(usage.output_tokens)
+                m.child(m.client_tokens, *labels, "input").observe(usage.input_tokens)
+                m.child(m.client_tokens, *labels, "output").observe(usage.output_tokens)
             if error and error != "cancelled":
                 m.backend_errors.labels(error).inc()
         if span is not None:
@@ -206,13 +206,15 @@ class ObservedExecutor:
 class ObservedStore:
     def __init__(self, inner: ResponseStore, metrics: Metrics) -> None:
         self._inner = inner
+        self._metrics = metrics
         self._hist = metrics.store_duration
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     def _record(self, operation: str, started: float, ok: bool) -> None:
-        self._hist.labels(operation, "success" if ok else "error").observe(time.perf_counter() - started)
+        outcome = "success" if ok else "error"
+        self._metrics.child(self._hist, operation, outcome).observe(time.perf_counter() - started)
 
     async def save(self, record: StoredResponse) -> None:
         started, ok = time.perf_counter(), False
