@@ -22,6 +22,7 @@ HEAVY = {
     "tests/test_fuzz_requests.py::test_any_request_gets_a_typed_answer": "hundreds of generated requests",
     "tests/storage/test_durability.py": "kills and restarts gateway processes",
     "tests/interop/test_go_keepalive.py": "a Go client holds an idle stream for a real minute",
+    "tests/test_batched_events.py::test_the_scenario_tests_pass_with_every_stream_batched": "the scenario suites again",
 }
 
 

@@ -154,7 +154,6 @@ async def test_a_client_that_goes_away_while_a_batched_run_waits_leaves_its_resp
     assert stored is not None and stored.response.status == S.RESPONSE_STATUS_CANCELLED
 
 
-@pytest.mark.heavy
 def test_the_scenario_tests_pass_with_every_stream_batched() -> None:
     """Every stream of the scenario suites asks for batched events; the validator checks each."""
     suites = sorted(str(p) for p in (ROOT / "tests").glob("test_scenarios_*.py"))
