@@ -8,6 +8,12 @@ yields without waiting for anything (the model, a tool, a control, the store). T
 stepped by hand: each step runs it until it yields an event (that event joins the batch) or until
 it waits (the batch leaves, and the wait is handed to the task as if the generator had been
 awaited directly: a cancellation reaches it where it waits).
+
+Known limit: the batch is written while the run already waits. A wait the run makes under
+`asyncio.timeout` (an approval's timeout, a hook's) cancels the task when it expires; should that
+happen while a write is still blocked (a client that has not read for the whole timeout), the
+cancellation lands in the write instead of the run's wait, and the response ends as if the client
+had gone. Unbatched, the run does not start that wait until the write is done.
 """
 
 from __future__ import annotations
