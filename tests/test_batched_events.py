@@ -16,9 +16,14 @@ import grpc
 import pytest
 
 from antwort_grpc import pb
+from antwort_grpc.engine import Engine, EngineConfig
+from antwort_grpc.executors.base import FunctionExecutor
 from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
-from antwort_grpc.providers.scripted import ScriptedProvider, Text
+from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
+from antwort_grpc.responses.service import Responses
 from antwort_grpc.server.batching import batches
+from antwort_grpc.server.servicer import ResponsesServicer
+from antwort_grpc.storage.memory import MemoryStore
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply, ScriptedToolCall
 from tests.harness import assert_valid_stream, events_of, function_tool, kinds, running_gateway, user
 
@@ -252,3 +257,52 @@ async def test_a_cancelled_task_cancels_the_source_where_it_waits() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert ended == ["cancelled"]
+
+
+class _SlowReader:
+    """A Converse client (the servicer's context and its messages) that takes `stall` seconds to
+    read the batch carrying `approval_requested`, then closes its side after the terminal event."""
+
+    def __init__(self, create: pb.CreateResponseRequest, stall: float) -> None:
+        self.incoming: asyncio.Queue[pb.ConverseRequest | None] = asyncio.Queue()
+        self.incoming.put_nowait(pb.ConverseRequest(create=create))
+        self.stall = stall
+        self.events: list[pb.StreamEvent] = []
+
+    async def requests(self) -> AsyncIterator[pb.ConverseRequest]:
+        while (message := await self.incoming.get()) is not None:
+            yield message
+
+    async def write(self, sent: Any) -> None:
+        message = pb.ConverseResponse.FromString(sent.SerializeToString())
+        batch = events_of(message)
+        if "approval_requested" in kinds(batch):
+            await asyncio.sleep(self.stall)  # the write blocks: the client is not reading
+        self.events += batch
+        if kinds(batch)[-1] in ("completed", "failed", "incomplete", "cancelled", "requires_action"):
+            self.incoming.put_nowait(None)
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+    def time_remaining(self) -> float:
+        return 60.0
+
+    async def abort_with_status(self, status: Any) -> None:
+        raise AssertionError(f"the session ended with {status.code}: {status.details}")
+
+
+async def test_an_approval_timeout_that_expires_while_a_batch_is_written_denies_the_call() -> None:
+    provider = ScriptedProvider([[Call.of("echo", {"x": 1}, call_id="a")], [Text("Skipped.")]])
+    store = MemoryStore()
+    config = EngineConfig(executors=[FunctionExecutor(), _EchoExecutor()], default_model="m", approval_timeout=0.05)
+    servicer = ResponsesServicer(Responses(Engine(provider, store, config), store))
+    tool = function_tool("echo", x="integer")
+    tool.require_approval.mode = pb.ApprovalMode.APPROVAL_MODE_ALWAYS
+    client = _SlowReader(pb.CreateResponseRequest(input_text="go", tools=[tool], batch_events=True), stall=0.3)
+    await asyncio.wait_for(servicer.Converse(client.requests(), client), 10)
+    assert_valid_stream(client.events)
+    assert kinds(client.events)[-1] == "completed"
+    response = client.events[-1].completed.response
+    decision = next(i.approval_response for i in response.output if i.HasField("approval_response"))
+    assert not decision.approve and decision.reason == "timeout"

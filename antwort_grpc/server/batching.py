@@ -10,10 +10,12 @@ it waits (the batch leaves, and the wait is handed to the task as if the generat
 awaited directly: a cancellation reaches it where it waits).
 
 Known limit: the batch is written while the run already waits. A wait the run makes under
-`asyncio.timeout` (an approval's timeout, a hook's) cancels the task when it expires; should that
-happen while a write is still blocked (a client that has not read for the whole timeout), the
-cancellation lands in the write instead of the run's wait, and the response ends as if the client
-had gone. Unbatched, the run does not start that wait until the write is done.
+`asyncio.timeout` cancels the task when it expires; should that happen while a write is still
+blocked (a client that has not read for the whole timeout), the cancellation lands in the write
+instead of the run's wait, and the response ends as if the client had gone. The run's own waits
+time out by a timer on their channel instead (an approval's timeout: `Run.wait_for_control`); a
+hook's timeout (hooks/dispatch.py) is still asyncio.timeout. Unbatched, the run does not start a
+wait until the write is done.
 """
 
 from __future__ import annotations
