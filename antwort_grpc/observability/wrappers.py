@@ -28,13 +28,24 @@ def _next_turn(o: Observation | None, tracer: trace.Tracer | None) -> None:
     if o is None:
         return
     o.turns += 1
-    if tracer is None or o.span is None:
+    if tracer is None or o.span is None or not o.span.is_recording():
         return
     if o.turn_span is not None:
         o.turn_span.end()
     o.turn_span = tracer.start_span(
         f"turn {o.turns}", context=trace.set_span_in_context(o.span), attributes={"antwort.turn": o.turns}
     )
+
+
+def _unsampled(o: Observation | None) -> trace.Span | None:
+    """The response's span when it is not sampled: its model and tool calls would not be either
+    (the sampler follows the parent), so they make no span of their own and go on in this one's
+    context (what they pass on downstream says "not sampled"); its calls to end or annotate it do
+    nothing. None when a span of their own is due."""
+    if o is None or o.span is None or o.span.is_recording():
+        return None
+    span: trace.Span = o.span
+    return span
 
 
 class ObservedProvider:
@@ -52,6 +63,8 @@ class ObservedProvider:
         _next_turn(o, self._tracer)
         if self._tracer is None:
             return None
+        if (unsampled := _unsampled(o)) is not None:
+            return unsampled
         return self._tracer.start_span(
             f"{CHAT} {turn.model}".strip(),
             context=o.parent() if o is not None else None,
@@ -166,7 +179,7 @@ class ObservedExecutor:
         span = token = None
         if self._tracer is not None:
             o = current_observation.get()
-            span = self._tracer.start_span(
+            span = _unsampled(o) or self._tracer.start_span(
                 f"execute_tool {call.name}",
                 context=o.parent() if o is not None else None,
                 kind=trace.SpanKind.CLIENT,
