@@ -136,6 +136,12 @@ def _observed(args: argparse.Namespace) -> dict[str, object]:
     if args.otlp_endpoint:
         # Read by the OpenTelemetry SDK when the gateway starts, as in a deployment.
         os.environ.update(OTEL_EXPORTER_OTLP_ENDPOINT=args.otlp_endpoint, OTEL_EXPORTER_OTLP_INSECURE="true")
+        if args.trace_ratio < 1:
+            # The sampling docs/observability.md recommends: a root trace in `ratio` is recorded,
+            # a call that comes with its caller's trace follows the caller's decision.
+            os.environ.update(
+                OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG=str(args.trace_ratio)
+            )
     if args.jwt_jwks:
         more.update(auth="jwt", jwt_jwks=args.jwt_jwks, jwt_issuer="bench", jwt_audience="bench")
     return more
@@ -179,6 +185,7 @@ def main() -> None:
     parser.add_argument("--hook", action="append", default=[], help="a HookService target (bench.hook)")
     parser.add_argument("--metrics", action="store_true", help="Prometheus metrics on (a port of their own)")
     parser.add_argument("--otlp-endpoint", default="", help="traces on, exported to this OTLP/gRPC receiver")
+    parser.add_argument("--trace-ratio", type=float, default=1.0, help="traces: parent-based, this ratio of roots")
     parser.add_argument("--jwt-jwks", default="", help="JWT authentication with the keys of this JWKS file")
     parser.add_argument("--http-listen", default="", help="also serve the Open Responses HTTP door there")
     parser.add_argument("--default-gc", action="store_true", help="leave CPython's garbage collection as it is")

@@ -5,8 +5,10 @@ depend on the host's load or speed (the same commit gives the same count on any 
     python -m bench.instructions --checkout ../base    # another checkout's gateway (a git worktree)
 
 The gateway (`bench.gateway --provider openai`, memory store) runs under valgrind with
-instrumentation off until 20 warm-up requests are done; then it counts `--requests` non-streamed
-and then as many streamed requests (20 words each, the bench backend in a process of its own), and
+instrumentation off until 20 warm-up requests are done; then it counts `--requests` requests of
+each of `--modes` (20 words each, the bench backend in a process of its own: `unary` not
+streamed, `stream` streamed, `stream_uncoalesced` streamed with one event per backend chunk, `stream_batched` with
+events produced together in one message), and
 prints instructions per request for each. Needs valgrind (`apt-get install valgrind`). Only the
 gateway process is counted: the backend and this client are not.
 """
@@ -21,7 +23,9 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -52,14 +56,32 @@ def _start(args: list[str], cwd: Path, valgrind: list[str] | None = None) -> sub
     )
 
 
-async def _drive(target: str, pid: int, requests: int) -> None:
+def _request(stream: bool, **fields: Any) -> pb.CreateResponseRequest:
+    return pb.CreateResponseRequest(model=MODEL, input_text="hello", stream=stream, **fields)
+
+
+# What is counted, by name: the same answer not streamed, streamed (deltas coalesced, the
+# default), and streamed with every backend chunk its own event (coalescing off).
+REQUESTS: dict[str, Callable[[], pb.CreateResponseRequest]] = {
+    "unary": lambda: _request(False),
+    "stream": lambda: _request(True),
+    "stream_uncoalesced": lambda: _request(True, delta_coalescing=pb.DeltaCoalescing(disabled=True)),
+    # Events produced at the same moment in one message (a checkout whose contract has the field).
+    "stream_batched": lambda: _request(True, batch_events=True),
+    "stream_batched_uncoalesced": lambda: _request(
+        True, batch_events=True, delta_coalescing=pb.DeltaCoalescing(disabled=True)
+    ),
+}
+
+
+async def _drive(target: str, pid: int, requests: int, modes: list[str]) -> None:
     def control(*what: str) -> None:
         subprocess.run(["callgrind_control", *what, str(pid)], check=True, capture_output=True)
 
     async with grpc.aio.insecure_channel(target) as channel:
         stub = pb.ResponsesServiceStub(channel)
-        for name, stream in (("unary", False), ("stream", True)):
-            request = pb.CreateResponseRequest(model=MODEL, input_text="hello", stream=stream)
+        for name in modes:
+            request = REQUESTS[name]()
             for counted in (False, True):
                 if counted:
                     control("-z")
@@ -71,17 +93,28 @@ async def _drive(target: str, pid: int, requests: int) -> None:
             control("-d", name)
 
 
-def measure(checkout: Path, requests: int) -> dict[str, float]:
+def measure(
+    checkout: Path, requests: int, modes: list[str], observed: float = 0.0, metrics: bool = False
+) -> dict[str, float]:
+    """`observed`: metrics and traces on, this ratio of root traces sampled (parent-based), the
+    spans exported to a receiver in a process of its own; 0: off. `metrics`: metrics alone."""
     out = Path(tempfile.mkdtemp(prefix="callgrind-"))
     backend = _start(["bench.backend"], checkout)
+    sink = _start(["bench.otlp_sink"], checkout) if observed else None
     gateway = None
     try:
         url = f"http://127.0.0.1:{_ready(backend)}/v1"
         valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}/cg.%p"]
-        gateway = _start(["bench.gateway", "--provider", "openai", "--backend-url", url], checkout, valgrind)
-        asyncio.run(_drive(f"127.0.0.1:{_ready(gateway)}", gateway.pid, requests))
+        args = ["bench.gateway", "--provider", "openai", "--backend-url", url]
+        if metrics:
+            args.append("--metrics")
+        if sink is not None:
+            endpoint = f"http://127.0.0.1:{_ready(sink)}"
+            args += ["--metrics", "--otlp-endpoint", endpoint, "--trace-ratio", str(observed)]
+        gateway = _start(args, checkout, valgrind)
+        asyncio.run(_drive(f"127.0.0.1:{_ready(gateway)}", gateway.pid, requests, modes))
     finally:
-        for process in (gateway, backend):
+        for process in (gateway, backend, sink):
             if process is not None:
                 process.terminate()
                 process.wait()
@@ -99,8 +132,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parent.parent)
     parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--modes", default="unary,stream,stream_uncoalesced", help=f"of {','.join(REQUESTS)}")
+    parser.add_argument("--observed", type=float, default=0.0, help="metrics + traces, this ratio sampled")
+    parser.add_argument("--metrics", action="store_true", help="metrics alone")
     args = parser.parse_args()
-    for name, count in sorted(measure(args.checkout.resolve(), args.requests).items()):
+    modes = [m for m in args.modes.split(",") if m]
+    if unknown := [m for m in modes if m not in REQUESTS]:
+        parser.error(f"unknown modes {unknown}")
+    for name, count in sorted(
+        measure(args.checkout.resolve(), args.requests, modes, args.observed, args.metrics).items()
+    ):
         print(f"{args.checkout.name} {name}: {count / 1e6:.3f} M instructions per request")
 
 

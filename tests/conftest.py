@@ -30,6 +30,7 @@ HEAVY = {
     "tests/storage/test_durability.py": "kills and restarts gateway processes",
     "tests/storage/test_durable_runs.py": "kills, restarts and rolls gateway replicas under background runs",
     "tests/interop/test_go_keepalive.py": "a Go client holds an idle stream for a real minute",
+    "tests/test_batched_events.py::test_the_scenario_tests_pass_with_every_stream_batched": "the scenario suites again",
 }
 
 

@@ -3,6 +3,7 @@ applies."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ from antwort_grpc.storage.memory import MemoryStore
 
 TERMINAL = {"completed", "incomplete", "failed", "cancelled", "requires_action"}
 S = pb.ResponseStatus
+# ANTWORT_TEST_BATCH_EVENTS=1: every stream the harness makes asks for batched events (the
+# scenario tests run again so by tests/test_batched_events.py); the validator sees the same events.
+BATCH_EVENTS = os.environ.get("ANTWORT_TEST_BATCH_EVENTS", "") not in ("", "0")
 
 
 @dataclass
@@ -39,7 +43,12 @@ class GatewayClient:
     async def stream(self, request: pb.CreateResponseRequest, timeout: float | None = None) -> list[pb.StreamEvent]:
         """Stream a response; the events are checked by the stream validator."""
         request.stream = True
-        events = await collect(self.stub.CreateResponse(request, timeout=timeout))
+        if BATCH_EVENTS:
+            request.batch_events = True
+        messages = [events_of(message) async for message in self.stub.CreateResponse(request, timeout=timeout)]
+        if BATCH_EVENTS:
+            assert len(messages[0]) > 1, "batched: created leaves with in_progress"
+        events = [event for message in messages for event in message]
         assert_valid_stream(events)
         return events
 
@@ -73,7 +82,18 @@ async def running_gateway(
 
 
 async def collect(call: Any) -> list[pb.StreamEvent]:
-    return [message.event async for message in call]
+    """The events of a CreateResponse call, in order, one message or a batch of them at a time."""
+    return [event async for message in call for event in events_of(message)]
+
+
+def events_of(message: Any) -> list[pb.StreamEvent]:
+    """The events a CreateResponseResponse or ConverseResponse carries: its `event`, or its batch
+    (two or more, and then no `event`)."""
+    if not message.events:
+        return [message.event] if message.HasField("event") else []
+    assert not message.HasField("event"), "a batch and an event in one message"
+    assert len(message.events) >= 2, "a batch of one event: it goes in `event`"
+    return list(message.events)
 
 
 def kind(event: pb.StreamEvent) -> str:

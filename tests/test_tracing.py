@@ -114,3 +114,29 @@ async def test_one_trace_spans_the_caller_the_gateway_the_executor_and_the_backe
     # The model backend's requests carried the model-call spans' context.
     parents = [r.headers.get("traceparent", "") for r in backend.requests if r.path.endswith("/chat/completions")]
     assert sorted(parents) == sorted(f"00-{CALLER_TRACE}-{c.span_id}-01" for c in chats)
+
+
+async def test_a_caller_that_does_not_sample_gets_no_spans_and_its_decision_reaches_the_backend(
+    clean_otel_environment: None,
+) -> None:
+    backend = FakeOpenAI(Reply(text="Unsampled."))
+    async with otlp_receiver() as (receiver, endpoint), backend:
+        gateway = await start_process(
+            "serve", "--listen", "127.0.0.1:0", "--store", "memory", "--backend-url", backend.url, "--model", "m1",
+            env=otel_env(endpoint, "gateway"),
+        )  # fmt: skip
+        try:
+            async with grpc.aio.insecure_channel(gateway.target) as channel:
+                request = pb.CreateResponseRequest(input_text="hi", stream=True)
+                call = pb.ResponsesServiceStub(channel).CreateResponse(
+                    request, metadata=(("traceparent", f"00-{CALLER_TRACE}-{CALLER_SPAN}-00"),), timeout=60
+                )
+                events = await collect(call)
+        finally:
+            # A graceful stop exports whatever was recorded before the process ends.
+            await stop_process(gateway.proc, graceful=True)
+    assert events[-1].WhichOneof("event") == "completed"
+    assert [s for s in receiver.spans if s.service == "gateway"] == []
+    # The model call carries the trace on, not sampled: the backend follows the caller's decision.
+    [parent] = [r.headers.get("traceparent", "") for r in backend.requests if r.path.endswith("/chat/completions")]
+    assert parent.startswith(f"00-{CALLER_TRACE}-") and parent.endswith("-00")

@@ -285,8 +285,14 @@ class Session:
 
     def request(self, items: list[pb.Item], previous: str = "") -> pb.CreateResponseRequest:
         o = self.options
+        # Events the gateway produces together come in one message (fewer messages to read).
         request = pb.CreateResponseRequest(
-            model=o.model, instructions=o.instructions, tools=list(o.tools), previous_response_id=previous, stream=True
+            model=o.model,
+            instructions=o.instructions,
+            tools=list(o.tools),
+            previous_response_id=previous,
+            stream=True,
+            batch_events=True,
         )
         if o.tool_choice is not None:
             request.tool_choice.CopyFrom(o.tool_choice)
@@ -358,16 +364,21 @@ class Session:
                 self.renderer.rejected(message.rejected)
                 self._asked.clear()  # the rejection says why it will not happen
                 continue
-            event = message.event
-            self.renderer.event(event)
-            self._took_effect(event)
-            if event.WhichOneof("event") == "approval_requested":
-                await self._approvals(event.approval_requested.requests)
-            if (response := terminal_response(event)) is not None:
-                self.last, self.last_event = response, event
-                self._pending.approvals.clear()
-                self._unanswered(response)
-                return response
+            for event in message.events or [message.event]:
+                if (response := await self._read(event)) is not None:
+                    return response
+
+    async def _read(self, event: pb.StreamEvent) -> pb.Response | None:
+        """One event of the response: shown, acted on; its Response when it is the terminal one."""
+        self.renderer.event(event)
+        self._took_effect(event)
+        if event.WhichOneof("event") == "approval_requested":
+            await self._approvals(event.approval_requested.requests)
+        if (response := terminal_response(event)) is not None:
+            self.last, self.last_event = response, event
+            self._pending.approvals.clear()
+            self._unanswered(response)
+        return response
 
     def _took_effect(self, event: pb.StreamEvent) -> None:
         kind = event.WhichOneof("event")

@@ -189,6 +189,7 @@ async def stream_turn(
     # The bell rings on the deltas' channel for the whole call: a control ends the wait for one.
     inbox.listen(channel)
     first = True
+    ended = False
     try:
         while True:
             if inbox.attention and _steered(inbox):
@@ -204,6 +205,7 @@ async def stream_turn(
             if kind is TextDelta:
                 events = emitter.on_text(delta.text)
             elif kind is TurnEnd:
+                ended = True
                 for event in _closed(emitter, delta):
                     yield event
                 yield delta.finish
@@ -216,7 +218,13 @@ async def stream_turn(
                 yield event
     finally:
         inbox.listen(None)
-        await call.discard()
+        if ended:
+            # The backend's answer is complete: the call only closes its connection now, and
+            # ends by itself. Waiting for it here would hold the turn's last events (and, batched,
+            # part them from the turn's decision) for a few loop iterations.
+            call.let_finish()
+        else:
+            await call.discard()
 
 
 def _steered(inbox: Inbox) -> bool:

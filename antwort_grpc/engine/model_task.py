@@ -21,6 +21,12 @@ class ModelCall:
         # A before-model hook's answer, not the model's.
         self.answered = False
 
+    def let_finish(self) -> None:
+        """Its answer was read to the end: it only closes its stream now, and ends by itself.
+        Whatever that raises is taken (and dropped): the answer is already the run's."""
+        if not self.task.done():
+            self.task.add_done_callback(_taken)
+
     async def discard(self) -> None:
         """Abandon it unread (the run stopped, failed or was steered before reading it)."""
         task = self.task
@@ -30,3 +36,8 @@ class ModelCall:
         # gather, not `await task`: the caller's own cancellation still propagates, and the
         # call's cancellation is not mistaken for it.
         await asyncio.gather(task, return_exceptions=True)
+
+
+def _taken(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -246,12 +246,14 @@ class Run:
         """Wait until a control comes (False when `timeout_at`, in loop time, passes first)."""
         channel = Channel()
         self.inbox.listen(channel)
+        # The timeout is a timer on the channel, not asyncio.timeout: that cancels the task, and a
+        # task writing batched events may be in its write, not in this wait, when it expires.
+        timer = None if timeout_at is None else asyncio.get_running_loop().call_at(timeout_at, channel.put_nowait, None)
         try:
-            async with asyncio.timeout_at(timeout_at):
-                return await channel.get() is RING
-        except TimeoutError:
-            return False
+            return await channel.get() is RING
         finally:
+            if timer is not None:
+                timer.cancel()
             self.inbox.listen(None)
 
     def finish(self, outcome: FinalOutcome) -> None:

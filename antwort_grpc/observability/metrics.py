@@ -78,6 +78,8 @@ class ExecutorHealth(Collector):
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry(auto_describe=True)
+        # Labelled children by (metric, label values): see `child`.
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self.client_duration = Histogram(
             "gen_ai_client_operation_duration_seconds",
             "GenAI operation duration: one model call to the backend",
@@ -173,6 +175,16 @@ class Metrics:
 
     def watch_executors(self, executors: Callable[[], Sequence[Any]]) -> None:
         self.registry.register(ExecutorHealth(executors))
+
+    def child(self, metric: Any, *values: str) -> Any:
+        """`metric.labels(*values)`, looked up once per set of values: prometheus-client's `labels`
+        takes a lock and builds its key on every call, and a response makes about ten such calls.
+        (It keeps every child it made anyway: the cache holds nothing more.)"""
+        key = (metric, values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
 
 
 class MetricsServer:

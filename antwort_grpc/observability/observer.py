@@ -111,15 +111,15 @@ class Observer:
         tool_calls = sum(1 for i in response.output if i.WhichOneof("kind") == "function_call") if response else 0
         m = self.metrics
         if m is not None:
-            m.responses.labels(status, model).inc()
+            m.child(m.responses, status, model).inc()
             if o.turns:
                 m.turns.observe(o.turns)
-            m.server_duration.labels(OPERATION, model, error).observe(duration)
+            m.child(m.server_duration, OPERATION, model, error).observe(duration)
             if o.first_delta is not None:
-                m.ttft.labels(OPERATION, model).observe(o.first_delta - o.started)
+                m.child(m.ttft, OPERATION, model).observe(o.first_delta - o.started)
                 tokens = max(usage.output_tokens, o.deltas)
                 if tokens > 1:
-                    m.tpot.labels(OPERATION, model).observe((o.last_delta - o.first_delta) / (tokens - 1))
+                    m.child(m.tpot, OPERATION, model).observe((o.last_delta - o.first_delta) / (tokens - 1))
         trace_id = ""
         if o.turn_span is not None:
             o.turn_span.end()

@@ -28,13 +28,24 @@ def _next_turn(o: Observation | None, tracer: trace.Tracer | None) -> None:
     if o is None:
         return
     o.turns += 1
-    if tracer is None or o.span is None:
+    if tracer is None or o.span is None or not o.span.is_recording():
         return
     if o.turn_span is not None:
         o.turn_span.end()
     o.turn_span = tracer.start_span(
         f"turn {o.turns}", context=trace.set_span_in_context(o.span), attributes={"antwort.turn": o.turns}
     )
+
+
+def _unsampled(o: Observation | None) -> trace.Span | None:
+    """The response's span when it is not sampled: its model and tool calls would not be either
+    (the sampler follows the parent), so they make no span of their own and go on in this one's
+    context (what they pass on downstream says "not sampled"); its calls to end or annotate it do
+    nothing. None when a span of their own is due."""
+    if o is None or o.span is None or o.span.is_recording():
+        return None
+    span: trace.Span = o.span
+    return span
 
 
 class ObservedProvider:
@@ -52,6 +63,8 @@ class ObservedProvider:
         _next_turn(o, self._tracer)
         if self._tracer is None:
             return None
+        if (unsampled := _unsampled(o)) is not None:
+            return unsampled
         return self._tracer.start_span(
             f"{CHAT} {turn.model}".strip(),
             context=o.parent() if o is not None else None,
@@ -69,10 +82,10 @@ class ObservedProvider:
         m = self._metrics
         if m is not None:
             labels = (CHAT, self._name, turn.model)
-            m.client_duration.labels(*labels, error).observe((ended or time.perf_counter()) - started)
+            m.child(m.client_duration, *labels, error).observe((ended or time.perf_counter()) - started)
             if usage is not None:
-                m.client_tokens.labels(*labels, "input").observe(usage.input_tokens)
-                m.client_tokens.labels(*labels, "output").observe(usage.output_tokens)
+                m.child(m.client_tokens, *labels, "input").observe(usage.input_tokens)
+                m.child(m.client_tokens, *labels, "output").observe(usage.output_tokens)
             if error and error != "cancelled":
                 m.backend_errors.labels(error).inc()
         if span is not None:
@@ -166,7 +179,7 @@ class ObservedExecutor:
         span = token = None
         if self._tracer is not None:
             o = current_observation.get()
-            span = self._tracer.start_span(
+            span = _unsampled(o) or self._tracer.start_span(
                 f"execute_tool {call.name}",
                 context=o.parent() if o is not None else None,
                 kind=trace.SpanKind.CLIENT,
@@ -206,13 +219,15 @@ class ObservedExecutor:
 class ObservedStore:
     def __init__(self, inner: ResponseStore, metrics: Metrics) -> None:
         self._inner = inner
+        self._metrics = metrics
         self._hist = metrics.store_duration
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     def _record(self, operation: str, started: float, ok: bool) -> None:
-        self._hist.labels(operation, "success" if ok else "error").observe(time.perf_counter() - started)
+        outcome = "success" if ok else "error"
+        self._metrics.child(self._hist, operation, outcome).observe(time.perf_counter() - started)
 
     async def save(self, record: StoredResponse) -> None:
         started, ok = time.perf_counter(), False

@@ -35,7 +35,7 @@ LIST_ORDER_ASC: ListOrder
 LIST_ORDER_DESC: ListOrder
 
 class CreateResponseRequest(_message.Message):
-    __slots__ = ("model", "input_text", "input_items", "instructions", "previous_response_id", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "store", "stream", "metadata", "truncation", "tool_timeout", "tool_timeouts", "tool_failure_mode", "limits", "delta_coalescing", "background")
+    __slots__ = ("model", "input_text", "input_items", "instructions", "previous_response_id", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "store", "stream", "metadata", "truncation", "tool_timeout", "tool_timeouts", "tool_failure_mode", "limits", "delta_coalescing", "background", "batch_events")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class CreateResponseRequest(_message.Message):
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     DELTA_COALESCING_FIELD_NUMBER: _ClassVar[int]
     BACKGROUND_FIELD_NUMBER: _ClassVar[int]
+    BATCH_EVENTS_FIELD_NUMBER: _ClassVar[int]
     model: str
     input_text: str
     input_items: ItemList
@@ -92,7 +93,8 @@ class CreateResponseRequest(_message.Message):
     limits: ExecutionLimits
     delta_coalescing: DeltaCoalescing
     background: bool
-    def __init__(self, model: _Optional[str] = ..., input_text: _Optional[str] = ..., input_items: _Optional[_Union[ItemList, _Mapping]] = ..., instructions: _Optional[str] = ..., previous_response_id: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_tool_pb2.Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_tool_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., max_output_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., store: _Optional[bool] = ..., stream: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., truncation: _Optional[_Union[_response_pb2.Truncation, str]] = ..., tool_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tool_timeouts: _Optional[_Mapping[str, _duration_pb2.Duration]] = ..., tool_failure_mode: _Optional[_Union[ToolFailureMode, str]] = ..., limits: _Optional[_Union[ExecutionLimits, _Mapping]] = ..., delta_coalescing: _Optional[_Union[DeltaCoalescing, _Mapping]] = ..., background: _Optional[bool] = ...) -> None: ...
+    batch_events: bool
+    def __init__(self, model: _Optional[str] = ..., input_text: _Optional[str] = ..., input_items: _Optional[_Union[ItemList, _Mapping]] = ..., instructions: _Optional[str] = ..., previous_response_id: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_tool_pb2.Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_tool_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., max_output_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., store: _Optional[bool] = ..., stream: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., truncation: _Optional[_Union[_response_pb2.Truncation, str]] = ..., tool_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tool_timeouts: _Optional[_Mapping[str, _duration_pb2.Duration]] = ..., tool_failure_mode: _Optional[_Union[ToolFailureMode, str]] = ..., limits: _Optional[_Union[ExecutionLimits, _Mapping]] = ..., delta_coalescing: _Optional[_Union[DeltaCoalescing, _Mapping]] = ..., background: _Optional[bool] = ..., batch_events: _Optional[bool] = ...) -> None: ...
 
 class DeltaCoalescing(_message.Message):
     __slots__ = ("disabled", "max_hold")
@@ -121,10 +123,12 @@ class ItemList(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[_item_pb2.Item, _Mapping]]] = ...) -> None: ...
 
 class CreateResponseResponse(_message.Message):
-    __slots__ = ("event",)
+    __slots__ = ("event", "events")
     EVENT_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
     event: _event_pb2.StreamEvent
-    def __init__(self, event: _Optional[_Union[_event_pb2.StreamEvent, _Mapping]] = ...) -> None: ...
+    events: _containers.RepeatedCompositeFieldContainer[_event_pb2.StreamEvent]
+    def __init__(self, event: _Optional[_Union[_event_pb2.StreamEvent, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_event_pb2.StreamEvent, _Mapping]]] = ...) -> None: ...
 
 class GetResponseRequest(_message.Message):
     __slots__ = ("response_id",)
@@ -199,12 +203,14 @@ class ConverseRequest(_message.Message):
     def __init__(self, create: _Optional[_Union[CreateResponseRequest, _Mapping]] = ..., control: _Optional[_Union[_control_pb2.Control, _Mapping]] = ..., attach: _Optional[_Union[AttachResponseRequest, _Mapping]] = ...) -> None: ...
 
 class ConverseResponse(_message.Message):
-    __slots__ = ("event", "rejected")
+    __slots__ = ("event", "rejected", "events")
     EVENT_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
     event: _event_pb2.StreamEvent
     rejected: _control_pb2.ControlRejected
-    def __init__(self, event: _Optional[_Union[_event_pb2.StreamEvent, _Mapping]] = ..., rejected: _Optional[_Union[_control_pb2.ControlRejected, _Mapping]] = ...) -> None: ...
+    events: _containers.RepeatedCompositeFieldContainer[_event_pb2.StreamEvent]
+    def __init__(self, event: _Optional[_Union[_event_pb2.StreamEvent, _Mapping]] = ..., rejected: _Optional[_Union[_control_pb2.ControlRejected, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_event_pb2.StreamEvent, _Mapping]]] = ...) -> None: ...
 
 class AttachResponseRequest(_message.Message):
     __slots__ = ("response_id", "starting_after")

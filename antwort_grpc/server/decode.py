@@ -145,6 +145,21 @@ class EventMessage:
         return length_delimited(1, data)
 
 
+class EventBatch:
+    """Events that leave together (a request's batch_events): the `events` field of a
+    CreateResponseResponse (2) or a ConverseResponse (3), each event given serialized."""
+
+    __slots__ = ("field", "wires")
+
+    def __init__(self, wires: list[bytes], field: int) -> None:
+        self.wires = wires
+        self.field = field
+
+    def SerializeToString(self) -> bytes:
+        field = self.field
+        return b"".join([length_delimited(field, wire) for wire in self.wires])
+
+
 def _serialize(message: Any) -> bytes:
     """A response as the wire carries it: a protobuf message, or an EventMessage."""
     data: bytes = message.SerializeToString()

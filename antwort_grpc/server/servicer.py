@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, TypeAlias
 
 import grpc
@@ -23,7 +23,8 @@ from antwort_grpc.responses.controls import validate_control
 from antwort_grpc.responses.durable import idempotency_key
 from antwort_grpc.responses.service import Responses, rejection
 from antwort_grpc.server import durable_rpc
-from antwort_grpc.server.decode import EventMessage, request_bytes, reservation
+from antwort_grpc.server.batching import batches
+from antwort_grpc.server.decode import EventBatch, EventMessage, request_bytes, reservation
 from antwort_grpc.server.durable_rpc import wants_durable
 
 # grpc ships no type information: the servicer context is untyped.
@@ -54,7 +55,7 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
 
     async def CreateResponse(
         self, request: pb.CreateResponseRequest, context: Context
-    ) -> AsyncIterator[EventMessage]:  # a CreateResponseResponse on the wire
+    ) -> AsyncIterator[EventMessage | EventBatch]:  # a CreateResponseResponse on the wire
         metadata = context.invocation_metadata() or ()
         if wants_durable(request, metadata):
             async for message in self._durable_create(request, context, metadata):
@@ -72,7 +73,10 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
                     events = run.events()
                     observing = watch.observing
                     try:
-                        if request.stream:
+                        if request.stream and request.batch_events:
+                            async for message in _batched(events, run, _CREATE_EVENTS, watch):
+                                yield message
+                        elif request.stream:
                             async for event in events:
                                 if observing:
                                     watch.saw(event)
@@ -271,7 +275,7 @@ class _Session:
                             caller=self.caller,
                         )
                         first = False
-                        await self._stream(run, reader, admitted)
+                        await self._stream(run, reader, admitted, request.batch_events)
                 except RequestError as err:
                     self.early = None
                     self.watch.refused(err)
@@ -325,7 +329,7 @@ class _Session:
                 reason="idle_timeout",
             )
 
-    async def _stream(self, run: Run, reader: asyncio.Task[None], admitted: Reservation) -> None:
+    async def _stream(self, run: Run, reader: asyncio.Task[None], admitted: Reservation, batched: bool = False) -> None:
         self.run = run
         early, self.early = self.early or [], None
         for control in early:
@@ -334,19 +338,37 @@ class _Session:
             run.detach()
         try:
             async with contextlib.aclosing(run.events()) as events:
+                if batched:
+                    await self._stream_batched(run, events, admitted)
+                    return
                 async for event in events:
                     self.watch.saw(event)
                     if event.WhichOneof("event") in _TERMINAL:
-                        # The client may send its next create the moment it reads this event,
-                        # while the run still winds down (the early model call discarded, the
-                        # run let go of): the stream takes it from now, and the room the response
-                        # was admitted in is given back, so that create is admitted as it comes.
-                        self.run = None
-                        admitted.release()
+                        self._ended(admitted)
                     async with self.writing:
                         await self.context.write(EventMessage(event, run.take_wire(event)))
         finally:
             self.run = None
+
+    async def _stream_batched(
+        self, run: Run, events: AsyncGenerator[pb.StreamEvent, None], admitted: Reservation
+    ) -> None:
+        async with contextlib.aclosing(batches(events, lambda: run.ended, _is_terminal)) as batched:
+            async for batch in batched:
+                for event in batch:
+                    self.watch.saw(event)
+                if _is_terminal(batch[-1]):
+                    self._ended(admitted)
+                async with self.writing:
+                    await self.context.write(_batch_message(batch, run, _CONVERSE_EVENTS))
+
+    def _ended(self, admitted: Reservation) -> None:
+        """The response's terminal event is about to be written. The client may send its next
+        create the moment it reads it, while the run still winds down (the early model call
+        discarded, the run let go of): the stream takes it from now, and the room the response
+        was admitted in is given back, so that create is admitted as it comes."""
+        self.run = None
+        admitted.release()
 
     async def _read(self) -> None:
         try:
@@ -444,6 +466,34 @@ def _busy() -> RequestError:
         [FieldViolation("create", "a response is still running on this stream")],
         "response_in_progress",
     )
+
+
+def _is_terminal(event: pb.StreamEvent) -> bool:
+    return event.WhichOneof("event") in _TERMINAL
+
+
+# The `events` field of CreateResponseResponse and of ConverseResponse.
+_CREATE_EVENTS: int = pb.CreateResponseResponse.DESCRIPTOR.fields_by_name["events"].number
+_CONVERSE_EVENTS: int = pb.ConverseResponse.DESCRIPTOR.fields_by_name["events"].number
+
+
+async def _batched(
+    events: AsyncGenerator[pb.StreamEvent, None], run: Run, field: int, watch: Watch
+) -> AsyncIterator[EventMessage | EventBatch]:
+    """The events of `run` in messages of those produced at the same moment (batch_events)."""
+    observing = watch.observing
+    async with contextlib.aclosing(batches(events, lambda: run.ended, _is_terminal)) as batched:
+        async for batch in batched:
+            if observing:
+                for event in batch:
+                    watch.saw(event)
+            yield _batch_message(batch, run, field)
+
+
+def _batch_message(batch: list[pb.StreamEvent], run: Run, field: int) -> EventMessage | EventBatch:
+    if len(batch) == 1:
+        return _message(batch[0], run)
+    return EventBatch([run.take_wire(event) or event.SerializeToString() for event in batch], field)
 
 
 def _message(event: pb.StreamEvent, run: Run) -> EventMessage:

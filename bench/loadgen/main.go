@@ -91,6 +91,7 @@ func main() {
 	tools := flag.Bool("tools", false, "offer the function tool noop")
 	stamped := flag.Bool("stamped", false, "text deltas carry the backend's write times")
 	noCoalesce := flag.Bool("no-coalesce", false, "ask for one delta event per backend chunk")
+	batch := flag.Bool("batch", false, "ask for batched events (events produced together in one message)")
 	listen := flag.String("listen", "127.0.0.1:0", "where the backend listens (backend)")
 	cpuProfile := flag.String("cpuprofile", "", "write a pprof CPU profile of the load generator here")
 	flag.Parse()
@@ -116,6 +117,7 @@ func main() {
 		request.Tools = []*antwortv1.Tool{{Kind: &antwortv1.Tool_Function{Function: &antwortv1.FunctionTool{
 			Name: "noop", Description: "the noop tool", Parameters: parameters}}}}
 	}
+	request.BatchEvents = *batch
 	if *noCoalesce {
 		request.DeltaCoalescing = &antwortv1.DeltaCoalescing{Disabled: true}
 	}
@@ -228,43 +230,12 @@ func stream(client antwortv1.ResponsesServiceClient, request *antwortv1.CreateRe
 			break
 		}
 		now := monoNs()
-		ev := message.GetEvent()
-		res.Events++
-		if int(ev.GetSequenceNumber()) != res.Events {
-			res.OK = false
+		batch := message.GetEvents()
+		if len(batch) == 0 {
+			batch = []*antwortv1.StreamEvent{message.GetEvent()}
 		}
-		switch e := ev.GetEvent().(type) {
-		case *antwortv1.StreamEvent_OutputTextDelta:
-			res.Deltas++
-			if res.FirstText == 0 {
-				res.FirstText = seconds(now)
-				if request.Stream {
-					raise(streaming, &peakStreaming)
-					counted = true
-				}
-			}
-			text := e.OutputTextDelta.GetDelta()
-			if stamped {
-				for _, token := range strings.Fields(text) {
-					if stamp, perr := strconv.ParseInt(token, 10, 64); perr == nil {
-						lags = append(lags, now-stamp)
-						lagTimes = append(lagTimes, seconds(now))
-						res.Tokens++
-					}
-				}
-			} else {
-				res.Tokens++
-			}
-		case *antwortv1.StreamEvent_Completed:
-			res.Terminal = "completed"
-		case *antwortv1.StreamEvent_Incomplete:
-			res.Terminal = "incomplete"
-		case *antwortv1.StreamEvent_Failed:
-			res.Terminal = "failed"
-		case *antwortv1.StreamEvent_Cancelled:
-			res.Terminal = "cancelled"
-		case *antwortv1.StreamEvent_RequiresAction:
-			res.Terminal = "requires_action"
+		for _, ev := range batch {
+			lags, lagTimes = readEvent(ev, now, request, stamped, &res, lags, lagTimes, streaming, &counted)
 		}
 	}
 	res.Ended = seconds(monoNs())
@@ -292,4 +263,48 @@ func stream(client antwortv1.ResponsesServiceClient, request *antwortv1.CreateRe
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "loadgen:", err)
 	os.Exit(1)
+}
+
+// readEvent takes one event of a stream into its result (sequence, deltas, tokens and their lags,
+// the terminal kind).
+func readEvent(ev *antwortv1.StreamEvent, now int64, request *antwortv1.CreateResponseRequest, stamped bool,
+	res *streamResult, lags []int64, lagTimes []float64, streaming *int64, counted *bool) ([]int64, []float64) {
+	res.Events++
+	if int(ev.GetSequenceNumber()) != res.Events {
+		res.OK = false
+	}
+	switch e := ev.GetEvent().(type) {
+	case *antwortv1.StreamEvent_OutputTextDelta:
+		res.Deltas++
+		if res.FirstText == 0 {
+			res.FirstText = seconds(now)
+			if request.Stream {
+				raise(streaming, &peakStreaming)
+				*counted = true
+			}
+		}
+		text := e.OutputTextDelta.GetDelta()
+		if stamped {
+			for _, token := range strings.Fields(text) {
+				if stamp, perr := strconv.ParseInt(token, 10, 64); perr == nil {
+					lags = append(lags, now-stamp)
+					lagTimes = append(lagTimes, seconds(now))
+					res.Tokens++
+				}
+			}
+		} else {
+			res.Tokens++
+		}
+	case *antwortv1.StreamEvent_Completed:
+		res.Terminal = "completed"
+	case *antwortv1.StreamEvent_Incomplete:
+		res.Terminal = "incomplete"
+	case *antwortv1.StreamEvent_Failed:
+		res.Terminal = "failed"
+	case *antwortv1.StreamEvent_Cancelled:
+		res.Terminal = "cancelled"
+	case *antwortv1.StreamEvent_RequiresAction:
+		res.Terminal = "requires_action"
+	}
+	return lags, lagTimes
 }

@@ -60,12 +60,18 @@ func terminal(ev *antwortv1.StreamEvent) *antwortv1.Response {
 	return nil
 }
 
+// messagesRead counts the stream messages run has read (a batch of events is one message).
+var messagesRead int
+
 // run streams one response; onEvent sees every event. It returns the event kinds, the text and
 // the terminal event.
 func run(client antwortv1.ResponsesServiceClient, req *antwortv1.CreateResponseRequest, onEvent func(*antwortv1.StreamEvent)) ([]string, string, *antwortv1.StreamEvent, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	req.Stream = true
+	// Events the gateway produces together (created and in_progress, the done events and the
+	// terminal one) come in one message: fewer messages for both sides. The events are the same.
+	req.BatchEvents = true
 	events, err := client.CreateResponse(ctx, req)
 	if err != nil {
 		return nil, "", nil, err
@@ -81,18 +87,32 @@ func run(client antwortv1.ResponsesServiceClient, req *antwortv1.CreateResponseR
 		if err != nil {
 			return kinds, text.String(), last, err
 		}
-		ev := msg.GetEvent()
-		kinds = append(kinds, kind(ev))
-		if delta := ev.GetOutputTextDelta(); delta != nil {
-			text.WriteString(delta.GetDelta())
-		}
-		if terminal(ev) != nil {
-			last = ev
-		}
-		if onEvent != nil {
-			onEvent(ev)
+		messagesRead++
+		for _, ev := range eventsOf(msg.GetEvents(), msg.GetEvent()) {
+			kinds = append(kinds, kind(ev))
+			if delta := ev.GetOutputTextDelta(); delta != nil {
+				text.WriteString(delta.GetDelta())
+			}
+			if terminal(ev) != nil {
+				last = ev
+			}
+			if onEvent != nil {
+				onEvent(ev)
+			}
 		}
 	}
+}
+
+// eventsOf is the events one message carries: a batch (the request asked for batch_events and
+// they left together) or the one event.
+func eventsOf(batch []*antwortv1.StreamEvent, one *antwortv1.StreamEvent) []*antwortv1.StreamEvent {
+	if len(batch) > 0 {
+		return batch
+	}
+	if one == nil {
+		return nil
+	}
+	return []*antwortv1.StreamEvent{one}
 }
 
 func weatherTool() *antwortv1.Tool {
@@ -109,6 +129,7 @@ func weatherTool() *antwortv1.Tool {
 }
 
 func streamText(client antwortv1.ResponsesServiceClient) error {
+	messagesRead = 0
 	kinds, text, _, err := run(client, &antwortv1.CreateResponseRequest{
 		Input: &antwortv1.CreateResponseRequest_InputText{InputText: "Say hello in French."},
 	}, nil)
@@ -116,6 +137,7 @@ func streamText(client antwortv1.ResponsesServiceClient) error {
 		return err
 	}
 	fmt.Println("stream:", strings.Join(kinds, " "))
+	fmt.Println("stream_messages:", messagesRead)
 	fmt.Println("text:", text)
 	return nil
 }

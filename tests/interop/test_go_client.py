@@ -28,6 +28,8 @@ async def test_go_client_streams_calls_a_tool_reads_bad_request_details_cancels_
     async with gateway_for_clients(*CONVERSE) as (gw, fake):
         lines = await run_client([str(RUN), gw.target], env={"BUILD": str(tmp_path / "build")}, timeout=600)
     assert_transcript(lines, fake)
+    # It asks for batched events: the streamed answer's events came in fewer messages.
+    assert int(line(lines, "stream_messages:")) < len(line(lines, "stream:").split())
     assert line(lines, "converse_steered:") == "Make it short, and check the weather."
     assert line(lines, "converse_approval:") == 'call_weather get_weather {"city": "Paris"}'
     assert line(lines, "converse_requires_action:") == "call_weather"

@@ -19,12 +19,13 @@ from pydantic import ValidationError
 from antwort_grpc.offload import off_loop
 from antwort_grpc.providers.base import Completion, ProviderError, ProviderEvent, ProviderHealth, TurnRequest
 from antwort_grpc.providers.coalesce import MAX_MERGED, delta_size, merge_deltas, mergeable
+from antwort_grpc.providers.openai.chunks import decode_chunk, protocol_error
 from antwort_grpc.providers.openai.config import BackendConfig
 from antwort_grpc.providers.openai.errors import backoff, retry_after, status_error
 from antwort_grpc.providers.openai.request import encode_body
 from antwort_grpc.providers.openai.sse import SseParser
 from antwort_grpc.providers.openai.translate import StreamTranslator, completion
-from antwort_grpc.providers.openai.wire import ChatCompletion, ChatCompletionChunk
+from antwort_grpc.providers.openai.wire import ChatCompletion
 from antwort_grpc.tracing import headers as trace_headers
 
 log = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ class OpenAICompatProvider:
         try:
             return completion(ChatCompletion.model_validate_json(content))
         except ValidationError as error:
-            raise _protocol_error(content, error) from None
+            raise protocol_error(content, error) from None
 
     async def _stream_once(self, body: bytes, model: str, turn: TurnRequest) -> AsyncGenerator[ProviderEvent, None]:
         response = await self._post(body, model)
@@ -243,7 +244,7 @@ class OpenAICompatProvider:
             if data == _DONE:
                 return True
             try:
-                events += translator.feed(_parse_chunk(data))
+                events += translator.feed(decode_chunk(data))
             except ProviderError as error:
                 raise _Broken(error) from None
         return False
@@ -298,16 +299,3 @@ class _Broken(Exception):
     def __init__(self, error: ProviderError) -> None:
         super().__init__(error.message)
         self.error = error
-
-
-def _parse_chunk(data: bytes) -> ChatCompletionChunk:
-    try:
-        return ChatCompletionChunk.model_validate_json(data)
-    except ValidationError as error:
-        raise _protocol_error(data, error) from None
-
-
-def _protocol_error(data: bytes, error: ValidationError) -> ProviderError:
-    sample = data[:120].decode("utf-8", "replace")
-    reason = error.errors()[0]["msg"] if error.errors() else str(error)
-    return ProviderError("backend_protocol_error", f"the model backend sent malformed data ({reason}): {sample!r}")

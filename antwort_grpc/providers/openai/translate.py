@@ -16,8 +16,8 @@ from antwort_grpc.providers.base import (
     ToolCallDelta,
     TurnEnd,
 )
-from antwort_grpc.providers.openai.wire import ChatCompletion, ChatCompletionChunk, ErrorBody, ToolCallFragment
-from antwort_grpc.providers.openai.wire import Usage as WireUsage
+from antwort_grpc.providers.openai.chunks import AnyErrorBody, AnyToolCallFragment, AnyUsage, Chunk
+from antwort_grpc.providers.openai.wire import ChatCompletion
 
 _FINISH = {
     "stop": FinishReason.STOP,
@@ -36,7 +36,7 @@ def finish_reason(reason: str | None, *, has_tool_calls: bool) -> FinishReason:
     return finish
 
 
-def usage(wire: WireUsage | None) -> pb.Usage | None:
+def usage(wire: AnyUsage | None) -> pb.Usage | None:
     if wire is None:
         return None
     total = wire.total_tokens if wire.total_tokens is not None else wire.prompt_tokens + wire.completion_tokens
@@ -47,7 +47,7 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def in_band_error(error: ErrorBody) -> ProviderError:
+def in_band_error(error: AnyErrorBody) -> ProviderError:
     status = error.code if isinstance(error.code, int) else None
     code = "invalid_request" if status is not None and 400 <= status < 500 else "backend_unavailable"
     return ProviderError(code, f"the model backend reported an error mid-stream: {error.message}")
@@ -78,13 +78,13 @@ class StreamTranslator:
         self._pending: dict[int, _PendingCall] = {}
         self._announced: set[int] = set()
         self._finish: str | None = None
-        self._usage: WireUsage | None = None
+        self._usage: AnyUsage | None = None
 
     @property
     def finished(self) -> bool:
         return self._finish is not None
 
-    def feed(self, chunk: ChatCompletionChunk) -> list[ProviderEvent]:
+    def feed(self, chunk: Chunk) -> list[ProviderEvent]:
         if chunk.error is not None:
             raise in_band_error(chunk.error)
         if chunk.usage is not None:
@@ -108,7 +108,7 @@ class StreamTranslator:
                 self._finish = choice.finish_reason
         return events
 
-    def _tool_call(self, fragment: ToolCallFragment, events: list[ProviderEvent]) -> None:
+    def _tool_call(self, fragment: AnyToolCallFragment, events: list[ProviderEvent]) -> None:
         index = self._index(fragment)
         function = fragment.function
         name = function.name if function is not None else None
@@ -131,7 +131,7 @@ class StreamTranslator:
         call_id = pending.call_id or new_call_id()
         events.append(ToolCallDelta(index, "".join(pending.arguments), call_id=call_id, name=pending.name))
 
-    def _index(self, fragment: ToolCallFragment) -> int:
+    def _index(self, fragment: AnyToolCallFragment) -> int:
         if fragment.index is not None:
             key = fragment.index
         elif fragment.id is not None:
