@@ -58,8 +58,8 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
     ) -> AsyncIterator[EventMessage | EventBatch]:  # a CreateResponseResponse on the wire
         metadata = context.invocation_metadata() or ()
         if wants_durable(request, metadata):
-            async for message in self._durable_create(request, context, metadata):
-                yield message
+            async for logged in self._durable_create(request, context, metadata):
+                yield logged
             return
         try:
             async with self.edge.stream("CreateResponse", current_identity.get(), metadata) as watch:
