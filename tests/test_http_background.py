@@ -33,9 +33,7 @@ RUNNING = ("queued", "in_progress")
 
 
 @asynccontextmanager
-async def sdk(
-    *replies: Reply, **gateway: Any
-) -> AsyncIterator[tuple[openai.AsyncOpenAI, Doors, FakeOpenAI]]:
+async def sdk(*replies: Reply, **gateway: Any) -> AsyncIterator[tuple[openai.AsyncOpenAI, Doors, FakeOpenAI]]:
     async with FakeOpenAI(*replies) as fake:
         provider = OpenAICompatProvider(BackendConfig(base_url=fake.url, model=MODEL))
         gateway.setdefault("store", MemoryStore())
@@ -71,7 +69,9 @@ async def no_connections(doors: Doors) -> None:
     assert doors.door.runner is not None and doors.door.runner.server is not None
     server = doors.door.runner.server
     async with asyncio.timeout(10):
-        while server.connections:
+        while True:
+            if not server.connections:
+                return
             await asyncio.sleep(0.01)
 
 
@@ -118,7 +118,7 @@ async def test_a_dropped_background_stream_goes_on_and_retrieve_streams_every_la
         assert_event_schema(dumped(event))
     # Every later event exactly once, in order: the gRPC door's log of the same run, its spec
     # events (ours are only sent on request), with the same sequence numbers.
-    assert_valid_reattachment(log[: after], after, log[after:])
+    assert_valid_reattachment(log[:after], after, log[after:])
     assert_valid_stream(log)
     spec_numbers = [e.sequence_number for e in log if kinds([e])[0] not in OURS]
     assert [e.sequence_number for e in [*read, *rest]] == spec_numbers
@@ -134,9 +134,7 @@ async def test_retrieve_stream_after_the_end_replays_the_whole_log_with_our_even
     async with sdk(Reply(text=WORDS)) as (client, doors, _):
         started = await client.responses.create(model=MODEL, input="Count.", background=True)
         await poll_until_ended(client, started.id)
-        replay = await client.responses.retrieve(
-            started.id, stream=True, extra_headers={"Antwort-Events": "all"}
-        )
+        replay = await client.responses.retrieve(started.id, stream=True, extra_headers={"Antwort-Events": "all"})
         events = [event async for event in replay]
         log = await grpc_log(doors, started.id)
     assert [e.sequence_number for e in events] == [e.sequence_number for e in log]

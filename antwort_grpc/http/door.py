@@ -346,9 +346,12 @@ class HttpDoor:
             # log's reading stops), nobody is left to write to.
             return response
         except Exception as err:
-            # After the headers went out an error can only be an event (the spec's `error`).
-            log.exception("the stream of a response failed")
-            failure = RequestError(grpc.StatusCode.INTERNAL, f"the stream failed: {type(err).__name__}")
+            # After the headers went out an error can only be an event (the spec's `error`): the
+            # core's own (a background response's log removed while it was read) as it is.
+            failure = err if isinstance(err, RequestError) else None
+            if failure is None:
+                log.exception("the stream of a response failed")
+                failure = RequestError(grpc.StatusCode.INTERNAL, f"the stream failed: {type(err).__name__}")
             payload = error_json(failure)["error"]
             with contextlib.suppress(ConnectionError):
                 await response.write(sse({"type": "error", "sequence_number": number + 1, "error": payload}))
