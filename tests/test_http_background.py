@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
@@ -228,7 +229,7 @@ async def test_the_same_idempotency_key_with_another_request_is_a_conflict_namin
 
 
 async def test_streaming_a_response_again_refuses_what_it_cannot_read() -> None:
-    async with sdk(Reply(text=WORDS), Reply(text="plain")) as (client, _, _):
+    async with sdk(Reply(text=WORDS), Reply(text="plain")) as (client, doors, _):
         started = await client.responses.create(model=MODEL, input="Count.", background=True)
         await poll_until_ended(client, started.id)
         plain = await client.responses.create(model=MODEL, input="Not in background.")
@@ -240,10 +241,16 @@ async def test_streaming_a_response_again_refuses_what_it_cannot_read() -> None:
             await client.responses.retrieve(started.id, stream=True, starting_after=-1)
         with pytest.raises(openai.ConflictError) as not_background:
             await client.responses.retrieve(plain.id, stream=True)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{doors.url}/v1/responses/{started.id}?stream=true&starting_after=x") as answer,
+        ):
+            not_a_number = answer.status, await answer.json()
     assert unknown.value.status_code == 404 and unknown.value.body["param"] == "response_id"  # type: ignore[index]
     assert beyond.value.param == "starting_after" and beyond.value.code == "out_of_range"
     assert "last event of the log" in beyond.value.message
-    assert negative.value.param == "starting_after"
+    assert negative.value.param == "starting_after" and negative.value.code == "invalid_request"
+    assert not_a_number[0] == 400 and not_a_number[1]["error"]["param"] == "starting_after"
     assert not_background.value.code == "event_log_unavailable" and "final response" in not_background.value.message
     for raised in (unknown, beyond, negative, not_background):
         assert_schema(raised.value.body, "ErrorPayload")
