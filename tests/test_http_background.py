@@ -290,3 +290,24 @@ async def test_a_background_response_created_over_grpc_is_read_on_over_http_by_i
             await bob.close()
     assert events[0].sequence_number > 2 and events[-1].type == "response.completed"
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == WORDS  # type: ignore[union-attr]
+
+
+async def test_the_sdks_stream_helper_runs_in_background_and_resumes_by_response_id() -> None:
+    async with sdk(Reply(text=WORDS, hold_at=4)) as (client, doors, fake):
+        async with client.responses.stream(model=MODEL, input="Count.", background=True) as stream:
+            read = []
+            async for event in stream:
+                read.append(event)
+                if len(read) == 4:
+                    break
+        await fake.wait_held()
+        await no_connections(doors)
+        fake.release()
+        response_id = read[0].response.id  # type: ignore[union-attr]
+        after = read[-1].sequence_number
+        async with client.responses.stream(response_id=response_id, starting_after=after) as resumed:
+            rest = [event async for event in resumed]
+            final = await resumed.get_final_response()
+    assert [e.sequence_number for e in rest] == sorted({e.sequence_number for e in rest})
+    assert rest[0].sequence_number > after and rest[-1].type == "response.completed"
+    assert final.id == response_id and final.output_text == WORDS
