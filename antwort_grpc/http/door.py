@@ -24,10 +24,17 @@ from antwort_grpc import pb
 from antwort_grpc.auth import AuthError, current_identity, current_owner
 from antwort_grpc.core import Core
 from antwort_grpc.edge import Reservation, Watch
-from antwort_grpc.errors import FieldViolation, RequestError
+from antwort_grpc.errors import RequestError
 from antwort_grpc.grpc_security import credential_of
 from antwort_grpc.hooks.service import Caller
 from antwort_grpc.http.compaction import compacted_json, compaction_request
+from antwort_grpc.http.durable import (
+    attached,
+    begun_events,
+    durability,
+    keep_until_run_ends,
+    wants_durable,
+)
 from antwort_grpc.http.errors import error_json, http_status, plain_error
 from antwort_grpc.http.jsonread import bad, boolean, integer, obj, one_of, string
 from antwort_grpc.http.mapping import (
@@ -39,6 +46,7 @@ from antwort_grpc.http.mapping import (
     response_json,
     sse,
 )
+from antwort_grpc.responses.durable import Begun, Durability, idempotency_key
 from antwort_grpc.startup_errors import StartupError
 
 log = logging.getLogger(__name__)
@@ -48,6 +56,7 @@ log = logging.getLogger(__name__)
 EXTENSIONS_HEADER = "Antwort-Events"
 EXTENDED = "all"
 ORDERS = {"asc": False, "desc": True}
+STREAM_VALUES = {"true": True, "false": False}
 JSON_TYPE = "application/json"
 
 
@@ -186,14 +195,22 @@ class HttpDoor:
     async def create(self, request: web.Request) -> web.StreamResponse:
         raw = await self._body(request)
         reserved = self._reserve(raw, "CreateResponse")
+        # A background run takes the room over (released when it ends, not with this request).
+        kept = False
         try:
             create = self._parsed("CreateResponse", lambda: create_request(_json(raw)))
-            if create.background:
-                raise background_unavailable()
             extended = request.headers.get(EXTENSIONS_HEADER, "").strip().lower() == EXTENDED
             metadata = _metadata(request)
             door = _span_attributes(request)
             async with self.edge.stream("CreateResponse", current_identity.get(), metadata, door) as watch:
+                if wants_durable(create.background, metadata):
+                    durable = durability(self.responses)
+                    owner = current_owner()
+                    begun = await durable.begin(
+                        create.request, owner=owner, key=idempotency_key(metadata), caller=self._caller(metadata)
+                    )
+                    kept = keep_until_run_ends(reserved, begun)
+                    return await self._answer_begun(request, durable, begun, create.stream, watch, extended)
                 with self.edge.response(len(raw), reserved):
                     events = await self._start(create.request, metadata)
                     try:
@@ -203,7 +220,34 @@ class HttpDoor:
                     finally:
                         await events.aclose()
         finally:
-            _release(reserved)
+            if not kept:
+                _release(reserved)
+
+    async def _answer_begun(
+        self, request: web.Request, durable: Durability, begun: Begun, stream: bool, watch: Watch, extended: bool
+    ) -> web.StreamResponse:
+        """A background or idempotent create's answer (the gRPC door's, in JSON): streaming, its
+        events (a background one's from its log, which a dropped client leaves running);
+        else the response as it stands (a background one: queued or in progress)."""
+        owner = current_owner()
+        background = begun.logged
+        events = begun_events(durable, begun, stream, owner)
+        try:
+            if stream:
+                if background:
+                    await durable.attach_check(begun.response_id, owner, 0)
+                return await self._stream(request, events, watch, extended, background)
+            last = None
+            async for event in events:
+                if watch.observing:
+                    watch.saw(event)
+                last = event
+            assert last is not None
+            watch.ended()
+            answer: pb.Response = getattr(last, str(last.WhichOneof("event"))).response
+            return web.json_response(response_json(answer, background), dumps=_dumps)
+        finally:
+            await events.aclose()
 
     async def compact(self, request: web.Request) -> web.Response:
         """The spec's compaction: the conversation summarized by the model into one item."""
@@ -249,10 +293,14 @@ class HttpDoor:
             raise
 
     async def _start(self, create: pb.CreateResponseRequest, metadata: list[tuple[str, str]]) -> Events:
-        owner = current_owner()
-        caller = dataclasses.replace(Caller.from_metadata(metadata), owner=owner) if self.responses.hooked else None
-        run = await self.responses.create(create, owner=owner, caller=caller)
+        run = await self.responses.create(create, owner=current_owner(), caller=self._caller(metadata))
         return run.events()
+
+    def _caller(self, metadata: list[tuple[str, str]]) -> Caller | None:
+        """Who calls, for the hook services (None: no hooks to tell)."""
+        if not self.responses.hooked:
+            return None
+        return dataclasses.replace(Caller.from_metadata(metadata), owner=current_owner())
 
     async def _drain(self, events: Events, watch: Watch) -> pb.Response:
         """Non-streaming: the same events drained; the terminal one's response."""
@@ -270,7 +318,12 @@ class HttpDoor:
         return response
 
     async def _stream(
-        self, request: web.Request, events: AsyncIterator[pb.StreamEvent], watch: Watch, extended: bool
+        self,
+        request: web.Request,
+        events: AsyncIterator[pb.StreamEvent],
+        watch: Watch,
+        extended: bool,
+        background: bool = False,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -283,18 +336,22 @@ class HttpDoor:
                 if observing:
                     watch.saw(event)
                 number = event.sequence_number
-                body = event_json(event, extended)
+                body = event_json(event, extended, background)
                 if body is not None:
                     await response.write(sse(body))
             watch.ended()
         except ConnectionError:
             # The client went away between two events: the run is closed with the events (it
-            # stops, and is stored with its final status), nobody is left to write to.
+            # stops, and is stored with its final status; a background one goes on, only its
+            # log's reading stops), nobody is left to write to.
             return response
         except Exception as err:
-            # After the headers went out an error can only be an event (the spec's `error`).
-            log.exception("the stream of a response failed")
-            failure = RequestError(grpc.StatusCode.INTERNAL, f"the stream failed: {type(err).__name__}")
+            # After the headers went out an error can only be an event (the spec's `error`): the
+            # core's own (a background response's log removed while it was read) as it is.
+            failure = err if isinstance(err, RequestError) else None
+            if failure is None:
+                log.exception("the stream of a response failed")
+                failure = RequestError(grpc.StatusCode.INTERNAL, f"the stream failed: {type(err).__name__}")
             payload = error_json(failure)["error"]
             with contextlib.suppress(ConnectionError):
                 await response.write(sse({"type": "error", "sequence_number": number + 1, "error": payload}))
@@ -302,11 +359,36 @@ class HttpDoor:
             await response.write_eof()
         return response
 
-    async def get(self, request: web.Request) -> web.Response:
-        if request.query.get("stream", "false").lower() == "true":
-            raise attach_unavailable()
-        response = await self.responses.get(request.match_info["id"], current_owner())
-        return web.json_response(response_json(response), dumps=_dumps)
+    async def get(self, request: web.Request) -> web.StreamResponse:
+        response_id = request.match_info["id"]
+        owner = current_owner()
+        if one_of(request.query.get("stream", "false").lower(), "stream", STREAM_VALUES):
+            return await self._attach(request, response_id, owner)
+        response = await self.responses.get(response_id, owner)
+        return web.json_response(response_json(response, await self._logged(response_id, owner)), dumps=_dumps)
+
+    async def _attach(self, request: web.Request, response_id: str, owner: str) -> web.StreamResponse:
+        """A background response streamed again: its events after `starting_after`, then the
+        live ones to the terminal event — AttachResponse's reading, the same sequence numbers."""
+        starting_after = _query_int(request.query.get("starting_after"), "starting_after")
+        extended = request.headers.get(EXTENSIONS_HEADER, "").strip().lower() == EXTENDED
+        metadata = _metadata(request)
+        async with self.edge.stream(
+            "AttachResponse", current_identity.get(), metadata, _span_attributes(request)
+        ) as watch:
+            durable = durability(self.responses)
+            # Checked before the headers go out: a bad attach is an error object, not a stream.
+            await durable.attach_check(response_id, owner, starting_after)
+            events = attached(durable, response_id, owner, starting_after)
+            try:
+                return await self._stream(request, events, watch, extended, background=True)
+            finally:
+                await events.aclose()
+
+    async def _logged(self, response_id: str, owner: str) -> bool:
+        """Whether a response was created in background (its event log is kept)."""
+        durable = self.responses.durable
+        return durable is not None and await durable.runlog.state(response_id, owner) is not None
 
     async def delete(self, request: web.Request) -> web.Response:
         response_id = request.match_info["id"]
@@ -314,8 +396,10 @@ class HttpDoor:
         return web.json_response({"id": response_id, "object": "response.deleted", "deleted": True})
 
     async def cancel(self, request: web.Request) -> web.Response:
-        response = await self.responses.cancel(request.match_info["id"], current_owner())
-        return web.json_response(response_json(response), dumps=_dumps)
+        response_id = request.match_info["id"]
+        owner = current_owner()
+        response = await self.responses.cancel(response_id, owner)
+        return web.json_response(response_json(response, await self._logged(response_id, owner)), dumps=_dumps)
 
     async def input_items(self, request: web.Request) -> web.Response:
         query = request.query
@@ -403,33 +487,6 @@ def _query_int(value: str | None, param: str) -> int:
         return integer(int(value), param)
     except ValueError:
         raise bad(param, f"must be an integer, not {value[:32]!r}") from None
-
-
-def background_unavailable() -> RequestError:
-    """Background responses (`background: true`) are not served yet.
-
-    Where they will go: create the run detached from this request (the engine keeps it when the
-    client goes), answer with the queued/in-progress response, and serve
-    `GET /v1/responses/{id}?stream=true&starting_after=N` from the run's stored events
-    (`attach_unavailable`); the sequence numbers this door sends are the engine's, so N is the
-    same on both doors."""
-    return RequestError(
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "background: background responses are not supported yet",
-        [FieldViolation("background", "background responses are not supported yet")],
-        "unsupported_parameter",
-    )
-
-
-def attach_unavailable() -> RequestError:
-    """Streaming a stored response again (`stream=true&starting_after=N`) comes with background
-    responses (see background_unavailable)."""
-    return RequestError(
-        grpc.StatusCode.INVALID_ARGUMENT,
-        "stream: streaming a response again is not supported yet (it comes with background responses)",
-        [FieldViolation("stream", "not supported yet")],
-        "unsupported_parameter",
-    )
 
 
 # ------------------------------------------------------------------------ extension controls

@@ -119,6 +119,7 @@ def create_request(body: object) -> Create:
     stream = boolean(body.get("stream", False), "stream")
     request.stream = stream
     background = boolean(body.get("background", False), "background")
+    request.background = background
     return Create(request, stream, background)
 
 
@@ -565,8 +566,8 @@ def usage_json(usage: pb.Usage) -> JSON:
     }
 
 
-def response_json(response: pb.Response) -> JSON:
-    """A Response as the spec's ResponseResource."""
+def response_json(response: pb.Response, background: bool = False) -> JSON:
+    """A Response as the spec's ResponseResource (`background`: it was created in background)."""
     finished = response.HasField("completed_at") and response.status not in (
         S.RESPONSE_STATUS_QUEUED,
         S.RESPONSE_STATUS_IN_PROGRESS,
@@ -601,7 +602,7 @@ def response_json(response: pb.Response) -> JSON:
         "max_output_tokens": response.max_output_tokens if response.HasField("max_output_tokens") else None,
         "max_tool_calls": None,
         "store": response.store,
-        "background": False,
+        "background": background,
         "service_tier": "default",
         "metadata": dict(response.metadata),
         "safety_identifier": None,
@@ -708,9 +709,10 @@ TERMINAL = frozenset({"completed", "requires_action", "incomplete", "failed", "c
 EXTENSION_PREFIX = "antwort."
 
 
-def event_json(event: pb.StreamEvent, extended: bool = False) -> JSON | None:
+def event_json(event: pb.StreamEvent, extended: bool = False, background: bool = False) -> JSON | None:
     """A stream event as the spec's event object; None for an event of ours the client did not ask
-    for (`extended`: every event, ours as `antwort.<name>` with the payload's protobuf JSON)."""
+    for (`extended`: every event, ours as `antwort.<name>` with the payload's protobuf JSON;
+    `background`: the response in it was created in background)."""
     kind = event.WhichOneof("event")
     if kind is None:
         return None
@@ -721,6 +723,8 @@ def event_json(event: pb.StreamEvent, extended: bool = False) -> JSON | None:
         body = {"type": EXTENSION_PREFIX + kind, **_extension_payload(getattr(event, kind))}
     else:
         return None
+    if background and "response" in body:
+        body["response"]["background"] = True
     body["sequence_number"] = event.sequence_number
     return body
 
