@@ -179,6 +179,8 @@ async def build_core(settings: GatewaySettings, parts: Parts) -> Core:
     runlog = getattr(parts.store, "runlog", None)
     if isinstance(runlog, RunLog):
         core.durable = responses.durable = Durability(responses, runlog, durable_settings(settings))
+        # A run taken over from another replica counts against this one's admission.
+        core.durable.background.admits = edge
     return core
 
 

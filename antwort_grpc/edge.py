@@ -11,7 +11,7 @@ raised here into its own errors.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -49,6 +49,12 @@ class ConcurrencyLimit:
             self.running[principal] = count
         else:
             self.running.pop(principal, None)
+
+    def count(self, principal: str) -> None:
+        """A response of this principal's that runs here without having asked (a background run
+        taken over from another replica: it was admitted where it started): it counts against
+        the limit for as long as it runs, even above it."""
+        self.running[principal] = self.running.get(principal, 0) + 1
 
 
 # What a running response is estimated to hold: its request's bytes this many times over (the
@@ -97,6 +103,23 @@ class Admission:
                 "memory_budget",
             )
         return None
+
+    def room(self) -> int:
+        """How many more responses could start now, by the running cap and the memory a response
+        holds at least (a large number: no cap)."""
+        if self.memory_budget and self.running and self.memory + MEMORY_PER_RESPONSE > self.memory_budget:
+            return 0
+        if self.max_running:
+            return max(0, self.max_running - self.running)
+        return 1 << 30
+
+    def take(self, request_bytes: int) -> Reservation:
+        """Room for a response that was let in already (a background run taken over from
+        another replica, after `room` said there was some): counted, never refused."""
+        cost = estimated_memory(request_bytes)
+        self.running += 1
+        self.memory += cost
+        return Reservation(self, cost)
 
     def reserve(self, request_bytes: int) -> Reservation:
         """Room for one response of a request this large (serialized), held until the
@@ -160,12 +183,31 @@ class Watch:
 
     A plain class rather than an asynccontextmanager: it is entered once per response."""
 
-    __slots__ = ("_door", "_edge", "_metadata", "_method", "_observation", "_principal", "_token", "cut", "observing")
+    __slots__ = (
+        "_door",
+        "_edge",
+        "_metadata",
+        "_method",
+        "_observation",
+        "_principal",
+        "_slot",
+        "_token",
+        "cut",
+        "observing",
+    )
 
     def __init__(
-        self, edge: Edge, method: str, identity: Identity | None, metadata: Metadata, door: dict[str, str] | None = None
+        self,
+        edge: Edge,
+        method: str,
+        identity: Identity | None,
+        metadata: Metadata,
+        door: dict[str, str] | None = None,
+        limited: bool = True,
     ) -> None:
         self._edge = edge
+        # Whether the stream holds a slot of its principal's limit (it runs a response).
+        self._slot = limited and edge.limit is not None
         self._door = door
         self._method = method
         self._principal = identity.principal if identity is not None else ""
@@ -179,7 +221,8 @@ class Watch:
     async def __aenter__(self) -> Watch:
         edge = self._edge
         limit = edge.limit
-        if limit is not None and not limit.acquire(self._principal):
+        if self._slot and limit is not None and not limit.acquire(self._principal):
+            self._slot = False
             refusal = RequestError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"at most {limit.limit} responses may run at once for one caller",
@@ -202,8 +245,19 @@ class Watch:
             edge.observer.end(self._observation, self.cut)
         if self._token is not None:
             otel_context.detach(self._token)  # type: ignore[arg-type]
-        if edge.limit is not None:
+        if self._slot and edge.limit is not None:
             edge.limit.release(self._principal)
+
+    def keep_slot(self) -> Callable[[], None] | None:
+        """The stream's slot of its principal's limit, taken over by what goes on running after
+        the stream (a background run): released by calling what this returns, not by the
+        stream's end. None: the stream holds no slot."""
+        limit = self._edge.limit
+        if not self._slot or limit is None:
+            return None
+        self._slot = False
+        principal = self._principal
+        return lambda: limit.release(principal)
 
     def saw(self, event: pb.StreamEvent) -> None:
         self.cut = "client_gone"
@@ -256,11 +310,17 @@ class Edge:
             self.observer.refused(method, error)
 
     def stream(
-        self, method: str, identity: Identity | None, metadata: Metadata, door: dict[str, str] | None = None
+        self,
+        method: str,
+        identity: Identity | None,
+        metadata: Metadata,
+        door: dict[str, str] | None = None,
+        limited: bool = True,
     ) -> Watch:
         """A response stream of `identity`'s, to enter with `async with` (see Watch); `door`: the
-        trace attributes of a door that is not gRPC."""
-        return Watch(self, method, identity, metadata, door)
+        trace attributes of a door that is not gRPC; `limited` False: the stream only reads a
+        response that counts already (an attach), so it takes no slot of the principal's limit."""
+        return Watch(self, method, identity, metadata, door, limited)
 
     def response(
         self, request_bytes: int, reserved: Reservation | None = None
@@ -270,3 +330,36 @@ class Edge:
         was parsed (taken over), else in room reserved now; RequestError RESOURCE_EXHAUSTED when
         the gateway has no room."""
         return self.admission.hold(request_bytes, reserved)
+
+    # -- background runs taken over from another replica (responses/background.py) ------------------
+
+    def room(self) -> int:
+        """How many runs this replica could take over now without going over its running cap."""
+        return self.admission.room()
+
+    def resumed(self, owner: str, request_bytes: int) -> Callable[[], None]:
+        """A background run taken over here, counted against the gateway's admission and (when
+        its owner names the principal) the principal's limit for as long as it runs; what
+        releases it. A tenant's run counts against the gateway only: the store keeps the owner,
+        not which of the tenant's principals started it."""
+        reservation = self.admission.take(request_bytes)
+        limit = self.limit
+        principal = principal_of(owner)
+        if limit is None or principal is None:
+            return reservation.release
+        limit.count(principal)
+
+        def release() -> None:
+            reservation.release()
+            limit.release(principal)
+
+        return release
+
+
+def principal_of(owner: str) -> str | None:
+    """The principal an owner names (Identity.owner): "" without authentication, None for a
+    tenant (any of its principals)."""
+    if not owner:
+        return ""
+    kind, _, name = owner.partition(":")
+    return name if kind == "principal" else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -23,6 +24,7 @@ from tests.harness import (
     assert_valid_stream,
     collect,
     function_tool,
+    kind,
     kinds,
     output_text,
     response_of,
@@ -321,3 +323,44 @@ async def test_a_converse_create_cannot_be_background(gw: GatewayClient) -> None
         await call.read()
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "create.background" in (raised.value.details() or "")
+
+
+async def test_a_principal_at_its_limit_of_running_background_responses_is_refused_until_the_run_ends(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    credentials = api_keys(tmp_path)
+    alice = credentials.of("alice")
+    provider = OpenAICompatProvider(BackendConfig(base_url=fake.url, model="fake-model"))
+    settings = credentials.settings
+    async with running_gateway(provider=provider, store=MemoryStore(), max_concurrent_responses=1, **settings) as gw:
+        # However the run ends, its slot comes back: the next one may start.
+        for ending in ("completed", "failed", "cancelled"):
+            fault = {"cut_after": 3} if ending == "failed" else {}
+            fake.add(Reply(text="held here then on", hold_at=2, **fault))  # type: ignore[arg-type]
+            started = response_of((await collect(gw.stub.CreateResponse(background(ending), metadata=alice)))[0])
+            await fake.wait_held()
+            # The creating call ended; the run still holds alice's one slot.
+            refused = await status_of(gw.stub.CreateResponse(background("more"), metadata=alice))
+            assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.details()
+            assert "at most 1 responses" in (refused.details() or "")
+            # Reading her run is not running another: an attach is let in.
+            reading = gw.stub.AttachResponse(pb.AttachResponseRequest(response_id=started.id), metadata=alice)
+            assert (await reading.read()).event.WhichOneof("event") == "created"
+            if ending == "cancelled":
+                await gw.stub.CancelResponse(pb.CancelResponseRequest(response_id=started.id), metadata=alice)
+            else:
+                fake.release()
+            # The slot is given back before the terminal event reaches the log an attach reads.
+            assert kind(await read_to_end(reading)) == ending
+        fake.add(Reply(text="room again"))
+        last = response_of((await collect(gw.stub.CreateResponse(user("after"), metadata=alice)))[-1])
+        assert output_text(last) == "room again"
+    await provider.aclose()
+
+
+async def read_to_end(call: Any) -> pb.StreamEvent:
+    """The last event of a stream whose first message was read already."""
+    last = pb.StreamEvent()
+    while (message := await call.read()) != grpc.aio.EOF:
+        last = message.event
+    return last

@@ -20,12 +20,13 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from antwort_grpc import pb
 from antwort_grpc.engine import Engine
 from antwort_grpc.engine.durable import Resumed
 from antwort_grpc.engine.run import Run
-from antwort_grpc.storage.base import RUNNING, ResponseStore
+from antwort_grpc.storage.base import RUNNING, ResponseStore, StoredResponse
 from antwort_grpc.storage.runlog import Checkpoint, Claim, RunLog
 
 log = logging.getLogger(__name__)
@@ -86,10 +87,28 @@ class Runner:
         self.task: asyncio.Task[None] | None = None
         self.lost = False
         self._closing = False
+        # What the run holds while it runs here (admission room, a slot of its principal's
+        # limit): given back when its terminal event is made (before any reader can see it in
+        # the log) or when it stops here another way.
+        self._holds: list[Callable[[], None]] = []
+        self._let_go = False
         run.durable = self
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._drive(), name=f"background {self.response_id}")
+
+    def hold(self, release: Callable[[], None]) -> None:
+        """Call `release` once the run no longer runs here."""
+        if self._let_go:
+            release()
+        else:
+            self._holds.append(release)
+
+    def _give_back(self) -> None:
+        self._let_go = True
+        holds, self._holds = self._holds, []
+        for release in holds:
+            release()
 
     async def _drive(self) -> None:
         writer = asyncio.create_task(self._write())
@@ -102,12 +121,14 @@ class Runner:
                     self._pending.append((event.sequence_number, wire))
                     if event.WhichOneof("event") in TERMINAL:
                         self._ended = True
+                        self._give_back()
                     self._wake.set()
         except Abandoned:
             pass
         except Exception:
             log.exception("background response %s failed", self.response_id)
         finally:
+            self._give_back()
             self._closing = True
             self._wake.set()
             # What was produced goes to the log, even on a handover (the new owner reads it);
@@ -191,6 +212,19 @@ class Runner:
                 await self.task
 
 
+class Admits(Protocol):
+    """What this replica lets run (the edge's admission and per-principal limits): a run taken
+    over counts against them for as long as it runs here."""
+
+    def room(self) -> int:
+        """How many more runs could start here now."""
+        ...
+
+    def resumed(self, owner: str, request_bytes: int) -> Callable[[], None]:
+        """Count a run taken over; what stops counting it."""
+        ...
+
+
 class Background:
     """The background runs of this replica, and the takeover of other replicas' lost ones."""
 
@@ -206,6 +240,8 @@ class Background:
         self.stopping = False
         # Called with each resumed run (tests and metrics watch takeovers).
         self.resumed: list[str] = []
+        # The replica's admission (set by the core; None: nothing is counted).
+        self.admits: Admits | None = None
 
     async def begin(self, run: Run) -> Runner:
         """Log and lease a new background run (stored already), then start it."""
@@ -217,12 +253,15 @@ class Background:
         await self.runlog.checkpoint(run.response_id, initial)
         return self._start(run)
 
-    def _start(self, run: Run) -> Runner:
+    def _start(self, run: Run, release: Callable[[], None] | None = None) -> Runner:
+        """`release`: what the run holds of the admission, given back when it ends here."""
         runner = Runner(run, self.runlog, self.settings)
         self.runners[run.response_id] = runner
         runner.start()
         assert runner.task is not None
         runner.task.add_done_callback(lambda _: self._forget(runner))
+        if release is not None:
+            runner.hold(release)
         return runner
 
     def _forget(self, runner: Runner) -> None:
@@ -256,10 +295,17 @@ class Background:
                 runner._lose()
 
     async def take_over(self) -> int:
-        """Claim and resume the runs whose replica is gone; how many."""
+        """Claim and resume the runs whose replica is gone; how many. A replica at its running
+        cap claims none (and near it, only as many as fit): the others stay unclaimed, for
+        another replica or this one's next look, rather than running over the cap."""
         if self.stopping:
             return 0
-        claims = await self.runlog.claim(self.settings.lease_seconds, self.settings.claim_batch)
+        room = self.settings.claim_batch
+        if self.admits is not None:
+            room = min(room, self.admits.room())
+            if room <= 0:
+                return 0
+        claims = await self.runlog.claim(self.settings.lease_seconds, room)
         for claim in claims:
             try:
                 await self._resume(claim)
@@ -272,13 +318,25 @@ class Background:
         if record is None:
             return  # deleted meanwhile
         if record.response.status not in RUNNING:
-            # It ended, but its replica stopped before the terminal event reached the log: the log
-            # gets it now, from the stored response, and nothing runs again.
-            event = snapshot(record.response)
-            event.sequence_number = claim.last_sequence_number + 1
-            done = [(event.sequence_number, event.SerializeToString())]
-            await self.runlog.append(claim.response_id, done, ended=True, retention=self.settings.log_retention_seconds)
+            await self._finish(claim, record)
             return
+        release = self.admits.resumed(claim.owner, len(claim.request)) if self.admits is not None else None
+        try:
+            await self._restart(claim, record, release)
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+
+    async def _finish(self, claim: Claim, record: StoredResponse) -> None:
+        """It ended, but its replica stopped before the terminal event reached the log: the log
+        gets it now, from the stored response, and nothing runs again."""
+        event = snapshot(record.response)
+        event.sequence_number = claim.last_sequence_number + 1
+        done = [(event.sequence_number, event.SerializeToString())]
+        await self.runlog.append(claim.response_id, done, ended=True, retention=self.settings.log_retention_seconds)
+
+    async def _restart(self, claim: Claim, record: StoredResponse, release: Callable[[], None] | None) -> None:
         checkpoint = claim.checkpoint
         response = record.response
         turn = round_ = 0
@@ -290,7 +348,7 @@ class Background:
         run = await self.engine.resume(request, record, resumed)
         log.info("background response %s resumed after turn %d (%s)", claim.response_id, turn, claim.reason)
         self.resumed.append(claim.response_id)
-        self._start(run)
+        self._start(run, release)
 
     async def hand_over(self) -> None:
         """Shutdown: every run here stops without ending, and its lease is given up at once so

@@ -3,7 +3,6 @@ CreateResponse, and AttachResponse. Events read from the log go out as the bytes
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -14,6 +13,7 @@ from antwort_grpc.edge import Reservation, Watch
 from antwort_grpc.engine.run import Run
 from antwort_grpc.errors import RequestError
 from antwort_grpc.hooks.service import Caller
+from antwort_grpc.responses.background import Runner
 from antwort_grpc.responses.durable import IDEMPOTENCY_KEY, Durability, snapshot
 from antwort_grpc.server.decode import EventMessage
 
@@ -22,17 +22,22 @@ FROM_WIRE = pb.StreamEvent()
 
 
 class Admitted:
-    """The admission room of a durable create: given back when the call ends, or, for a
-    background run, when the run does (it goes on running here after the call)."""
+    """The admission room of a durable create, and its slot of the principal's limit (held by
+    `watch`): given back when the call ends, or, for a background run, when the run does (it
+    goes on running here after the call)."""
 
-    def __init__(self, reservation: Reservation) -> None:
+    def __init__(self, reservation: Reservation, watch: Watch | None = None) -> None:
         self.reservation = reservation
+        self.watch = watch
         self.kept = False
 
-    def keep_until(self, task: asyncio.Task[None] | None) -> None:
-        if task is not None and not task.done():
-            self.kept = True
-            task.add_done_callback(lambda _: self.reservation.release())
+    def keep_until(self, runner: Runner) -> None:
+        """Both are the run's now, given back when it no longer runs here."""
+        self.kept = True
+        runner.hold(self.reservation.release)
+        slot = self.watch.keep_slot() if self.watch is not None else None
+        if slot is not None:
+            runner.hold(slot)
 
     def done(self) -> None:
         if not self.kept:
@@ -72,7 +77,7 @@ async def durable_create(
 ) -> AsyncGenerator[EventMessage, None]:
     begun = await durable.begin(request, owner=owner, key=key, timeout=timeout, caller=caller)
     if begun.runner is not None and admitted is not None:
-        admitted.keep_until(begun.runner.task)
+        admitted.keep_until(begun.runner)
     if begun.run is not None and begun.runner is None:
         # An idempotent create that is not background: the connection owns it, as any create.
         async for message in owned(begun.run, request.stream, watch):

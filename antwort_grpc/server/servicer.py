@@ -105,12 +105,14 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
                 durable = self.responses.durable
                 if durable is None:
                     raise durable_rpc.unavailable()
-                # Admitted as any create; a background run keeps its room until it ends.
+                # Admitted as any create; a background run keeps its room, and its slot of the
+                # principal's limit, until it ends.
                 reserved = reservation.get()
                 admitted = durable_rpc.Admitted(
                     reserved
                     if reserved is not None
-                    else self.edge.admission.reserve(request_bytes.get() or request.ByteSize())
+                    else self.edge.admission.reserve(request_bytes.get() or request.ByteSize()),
+                    watch,
                 )
                 try:
                     messages = durable_rpc.durable_create(
@@ -139,7 +141,9 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
     ) -> AsyncIterator[EventMessage]:  # an AttachResponseResponse on the wire
         metadata = context.invocation_metadata() or ()
         try:
-            async with self.edge.stream("AttachResponse", current_identity.get(), metadata) as watch:
+            # An attach reads a run that counts already (while it runs): it takes no slot of the
+            # principal's limit, so a principal at its limit can still read its runs.
+            async with self.edge.stream("AttachResponse", current_identity.get(), metadata, limited=False) as watch:
                 durable = self.responses.durable
                 if durable is None:
                     raise durable_rpc.unavailable()
