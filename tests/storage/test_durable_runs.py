@@ -25,6 +25,7 @@ from tests.harness import assert_valid_reattachment, assert_valid_stream, kinds,
 from tests.harness import function_tool as request_tool
 from tests.storage.conftest import empty_database
 from tests.storage.processes import GatewayProcess, gateway_process, get
+from tests.test_auth import reason_of
 
 S = pb.ResponseStatus
 RUNNING = (S.RESPONSE_STATUS_QUEUED, S.RESPONSE_STATUS_IN_PROGRESS)
@@ -326,6 +327,64 @@ async def test_sqlite_kill_9_and_restart_resumes_the_background_runs(tmp_path: P
             assert_valid_stream(events)
             assert "recovered" in kinds(events)
             assert [output_text_of(r.output[-1]) for r in ended] == [f"answer to plain {n}" for n in range(3)]
+
+
+Route = Callable[[dict[str, Any]], Reply]
+
+
+def route_held(killed: asyncio.Event, holding: Holding, resumed_hold: asyncio.Event) -> Route:
+    """Every model call counts in `holding`; the first runs hold until the kill, the resumed ones
+    while `resumed_hold` is set."""
+
+    def route(body: dict[str, Any]) -> Reply:
+        holding.count += 1
+        holding.changed.set()
+        if not killed.is_set():
+            return Reply(text="slow " * 50, hold_at=3)
+        return Reply(text=f"answer to {first_text(body)}", hold_at=2 if resumed_hold.is_set() else None)
+
+    return route
+
+
+@pytest.mark.parametrize(
+    ("limit", "reason", "resumed_at_once"),
+    [
+        # At its running cap the restarted gateway resumes one run, the other when room comes back.
+        ({"ANTWORT_MAX_RUNNING_RESPONSES": "1"}, "too_many_running", 1),
+        # A resumed run was let in where it started: both resume, and both count for the principal.
+        ({"ANTWORT_MAX_CONCURRENT_RESPONSES": "1"}, "too_many_responses", 2),
+    ],
+)
+async def test_resumed_background_runs_count_against_the_gateways_admission_until_they_end(
+    tmp_path: Path, limit: dict[str, str], reason: str, resumed_at_once: int
+) -> None:
+    killed, holding, resumed_hold = asyncio.Event(), Holding(), asyncio.Event()
+    resumed_hold.set()
+    store = f"sqlite:///{tmp_path / 'antwort.db'}"
+    async with RoutedFake(route_held(killed, holding, resumed_hold)) as fake:
+        async with gateway_process(store, fake.url, **FAST) as first:
+            ids = [await start_background(first, background(f"plain {n}")) for n in range(2)]
+            await holding.reach(2)
+            first.kill()
+            await first.process.wait()
+        killed.set()
+        fake.release()  # the dead gateway's streams
+        async with gateway_process(store, fake.url, **FAST, **limit) as second:
+            await holding.reach(2 + resumed_at_once)
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await start_background(second, background("meanwhile"))
+            assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, raised.value.details()
+            assert reason_of(raised.value) == reason
+            assert holding.count == 2 + resumed_at_once, "no more runs were resumed than there was room for"
+            resumed_hold.clear()
+            fake.release()
+            ended = [await poll_ended(second, response_id) for response_id in ids]
+            assert [r.status for r in ended] == [S.RESPONSE_STATUS_COMPLETED] * 2
+            for response_id in ids:
+                assert "recovered" in kinds(await Attached(second, response_id).finished())
+            # They gave their room back when they ended.
+            after = await start_background(second, background("after"))
+            assert (await poll_ended(second, after)).status == S.RESPONSE_STATUS_COMPLETED
 
 
 async def test_attach_to_another_owners_or_an_unknown_response_is_not_found(tmp_path: Path) -> None:
