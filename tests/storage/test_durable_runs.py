@@ -173,6 +173,23 @@ async def executor(tools: Tools) -> AsyncIterator[str]:
         await served.stop(0)
 
 
+Route = Callable[[dict[str, Any]], Reply]
+
+
+def route_held(killed: asyncio.Event, holding: Holding, resumed_hold: asyncio.Event) -> Route:
+    """Every model call counts in `holding`; the first runs hold until the kill, the resumed ones
+    while `resumed_hold` is set."""
+
+    def route(body: dict[str, Any]) -> Reply:
+        holding.count += 1
+        holding.changed.set()
+        if not killed.is_set():
+            return Reply(text="slow " * 50, hold_at=3)
+        return Reply(text=f"answer to {first_text(body)}", hold_at=2 if resumed_hold.is_set() else None)
+
+    return route
+
+
 # -- PostgreSQL replicas -----------------------------------------------------------------------------
 
 
@@ -306,6 +323,38 @@ async def test_a_rolling_restart_under_50_background_runs_completes_all_50(postg
         assert_valid_stream(events)
 
 
+async def test_a_run_handed_over_to_a_replica_at_its_running_cap_waits_there_for_room(
+    postgres_admin_url: str,
+) -> None:
+    stopped, holding, resumed_hold = asyncio.Event(), Holding(), asyncio.Event()
+    async with AsyncExitStack() as stack:
+        url = await stack.enter_async_context(empty_database(postgres_admin_url))
+        fake = await stack.enter_async_context(RoutedFake(route_held(stopped, holding, resumed_hold)))
+        env = {**FAST, "ANTWORT_SHUTDOWN_GRACE": "0.5", "ANTWORT_MAX_RUNNING_RESPONSES": "1"}
+        a_manager = gateway_process(url, fake.url, **env)
+        a = await a_manager.__aenter__()
+        b = await stack.enter_async_context(gateway_process(url, fake.url, **env))
+        handed = await start_background(a, background("handed"))
+        busy = await start_background(b, background("busy"))
+        await holding.reach(2)
+        stopped.set()
+        a.process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(20):
+            await a.process.wait()
+        await a_manager.__aexit__(None, None, None)
+        # Told of the handover, then a look every quarter lease: b has no room for it.
+        await asyncio.sleep(1.5)
+        assert holding.count == 2, "the replica at its cap took no run over"
+        assert (await get(b, handed)).status in RUNNING
+        fake.release()
+        assert (await poll_ended(b, busy)).status == S.RESPONSE_STATUS_COMPLETED
+        # Room again: b resumes the run it was handed.
+        assert (await poll_ended(b, handed)).status == S.RESPONSE_STATUS_COMPLETED
+        events = await Attached(b, handed).finished()
+        recovered = next(e.recovered for e in events if kinds([e]) == ["recovered"])
+        assert recovered.reason == "handed_over"
+
+
 # -- SQLite: one node, restarted ---------------------------------------------------------------------
 
 
@@ -327,23 +376,6 @@ async def test_sqlite_kill_9_and_restart_resumes_the_background_runs(tmp_path: P
             assert_valid_stream(events)
             assert "recovered" in kinds(events)
             assert [output_text_of(r.output[-1]) for r in ended] == [f"answer to plain {n}" for n in range(3)]
-
-
-Route = Callable[[dict[str, Any]], Reply]
-
-
-def route_held(killed: asyncio.Event, holding: Holding, resumed_hold: asyncio.Event) -> Route:
-    """Every model call counts in `holding`; the first runs hold until the kill, the resumed ones
-    while `resumed_hold` is set."""
-
-    def route(body: dict[str, Any]) -> Reply:
-        holding.count += 1
-        holding.changed.set()
-        if not killed.is_set():
-            return Reply(text="slow " * 50, hold_at=3)
-        return Reply(text=f"answer to {first_text(body)}", hold_at=2 if resumed_hold.is_set() else None)
-
-    return route
 
 
 @pytest.mark.parametrize(
