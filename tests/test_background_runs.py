@@ -10,12 +10,15 @@ from typing import Any
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
 from antwort_grpc import pb
 from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
 from antwort_grpc.storage.memory import MemoryStore
 from antwort_grpc.storage.options import StoreOptions
+from antwort_grpc.storage.runlog_memory import MemoryRunLog
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply
 from tests.auth_fixtures import api_keys
 from tests.harness import (
@@ -32,6 +35,7 @@ from tests.harness import (
     user,
 )
 from tests.storage.conftest import FakeClock
+from tests.test_auth import reason_of
 from tests.test_interactive_runs import Session, approval, needs_approval, steer
 
 S = pb.ResponseStatus
@@ -364,3 +368,55 @@ async def read_to_end(call: Any) -> pb.StreamEvent:
     while (message := await call.read()) != grpc.aio.EOF:
         last = message.event
     return last
+
+
+class LogFailing(MemoryRunLog):
+    """A store whose event log cannot be written (its disk is full, say): everything else works."""
+
+    async def begin(self, response_id: str, owner: str, request: bytes, lease: float) -> None:
+        raise OSError("no space left on device")
+
+    async def append(self, response_id: str, events: Any, **kwargs: Any) -> bool:
+        raise OSError("no space left on device")
+
+    async def checkpoint(self, response_id: str, checkpoint: Any) -> bool:
+        raise OSError("no space left on device")
+
+
+async def test_a_store_that_cannot_keep_the_event_log_leaves_the_background_run_cancelled_with_unavailable(
+    fake: FakeOpenAI,
+) -> None:
+    store = MemoryStore()
+    store.runlog = LogFailing(store.database.runs, store.options)
+    provider = OpenAICompatProvider(BackendConfig(base_url=fake.url, model="fake-model"))
+    key = (("idempotency-key", "report-7"),)
+    async with running_gateway(
+        provider=provider, store=store, max_concurrent_responses=1, max_running_responses=1
+    ) as gw:
+        fake.add(Reply(text="never logged", hold_at=1))
+        for stream in (False, True):
+            call = gw.stub.CreateResponse(background("report", stream=stream), metadata=key, timeout=20)
+            failed = await status_of(call)
+            assert failed.code() == grpc.StatusCode.UNAVAILABLE, failed.details()
+            assert reason_of(failed) == "store_unavailable"
+            response_id = resource_of(failed)
+            # Stored, and cancelled: nothing runs it, and it does not stay in progress for ever.
+            stored = await gw.stub.GetResponse(pb.GetResponseRequest(response_id=response_id))
+            assert stored.response.status == S.RESPONSE_STATUS_CANCELLED
+            assert not stored.response.output
+            # The retry UNAVAILABLE invites (same key) tries again rather than replaying the
+            # cancelled response: the key was let go with the run.
+        # It gave back its admission room and its principal's slot.
+        fake.add(Reply(text="plain runs keep no log"))
+        assert output_text(await gw.create(user("plain"))) == "plain runs keep no log"
+    await provider.aclose()
+
+
+def resource_of(err: grpc.aio.AioRpcError) -> str:
+    status = rpc_status.from_call(err)
+    assert status is not None
+    for detail in status.details:
+        info = error_details_pb2.ResourceInfo()
+        if detail.Unpack(info):
+            return str(info.resource_name)
+    raise AssertionError(f"no ResourceInfo in {err.details()}")

@@ -20,7 +20,7 @@ import grpc
 
 from antwort_grpc import ids, pb
 from antwort_grpc.engine.run import Run
-from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
+from antwort_grpc.errors import RESOURCE_TYPES, FieldViolation, RequestError, Resource, invalid_argument
 from antwort_grpc.hooks.service import Caller
 from antwort_grpc.responses.attach import check_attach, follow
 from antwort_grpc.responses.background import Background, DurableSettings, Runner, snapshot
@@ -126,12 +126,14 @@ class Durability:
             if key is not None:
                 await self.runlog.forget(owner, key)
             raise
-        runner = await self._log(run) if request.background else None
+        runner = await self._log(run, owner, key) if request.background else None
         return Begun(run, runner, run.response_id, logged=runner is not None)
 
-    async def _log(self, run: Run) -> Runner:
+    async def _log(self, run: Run, owner: str, key: str | None) -> Runner:
         """The run logged, leased and started in background; a store that cannot keep its log
-        leaves it cancelled (stored, but with no runner it would stay in progress for ever)."""
+        leaves it cancelled (stored, but with no runner it would stay in progress for ever) and
+        lets its idempotency key go: UNAVAILABLE asks the client to retry, and the retry should
+        run, not find the cancelled response."""
         try:
             return await self.background.begin(run)
         except Exception as error:
@@ -139,10 +141,16 @@ class Durability:
             async with contextlib.aclosing(run.events()) as events:
                 async for _ in events:
                     pass
+            if key is not None:
+                with contextlib.suppress(Exception):  # the store may be down altogether
+                    await self.runlog.forget(owner, key)
+            description = "cancelled: the store could not keep its event log"
             raise RequestError(
                 grpc.StatusCode.UNAVAILABLE,
-                f"the store could not keep the event log ({type(error).__name__}): the response was cancelled",
+                f"the store could not keep the event log ({type(error).__name__}): "
+                f"response {run.response_id!r} was cancelled; try again",
                 reason="store_unavailable",
+                resource=Resource(RESOURCE_TYPES["response"], run.response_id, description),
             ) from error
 
     async def _replay(
