@@ -311,3 +311,20 @@ async def test_the_sdks_stream_helper_runs_in_background_and_resumes_by_response
     assert [e.sequence_number for e in rest] == sorted({e.sequence_number for e in rest})
     assert rest[0].sequence_number > after and rest[-1].type == "response.completed"
     assert final.id == response_id and final.output_text == WORDS
+
+
+async def test_a_background_run_holds_its_callers_slot_until_it_ends_and_reading_it_again_takes_none() -> None:
+    async with sdk(Reply(text=WORDS, hold_at=2), Reply(text="next"), max_concurrent_responses=1) as (client, _, fake):
+        started = await client.responses.create(model=MODEL, input="Count.", background=True)
+        await fake.wait_held()
+        with pytest.raises(openai.RateLimitError) as refused:
+            await client.responses.create(model=MODEL, input="More.", background=True)
+        assert refused.value.code == "too_many_responses"
+        # Streaming it again reads the run that holds the slot: let in.
+        reading = await client.responses.retrieve(started.id, stream=True)
+        fake.release()
+        events = [event async for event in reading]
+        assert events[-1].type == "response.completed"
+        # The run gave its slot back before its last event reached the log.
+        after = await client.responses.create(model=MODEL, input="After.")
+    assert after.output_text == "next"

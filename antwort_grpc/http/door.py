@@ -209,7 +209,7 @@ class HttpDoor:
                     begun = await durable.begin(
                         create.request, owner=owner, key=idempotency_key(metadata), caller=self._caller(metadata)
                     )
-                    kept = keep_until_run_ends(reserved, begun)
+                    kept = keep_until_run_ends(reserved, begun, watch)
                     return await self._answer_begun(request, durable, begun, create.stream, watch, extended)
                 with self.edge.response(len(raw), reserved):
                     events = await self._start(create.request, metadata)
@@ -373,8 +373,9 @@ class HttpDoor:
         starting_after = _query_int(request.query.get("starting_after"), "starting_after")
         extended = request.headers.get(EXTENSIONS_HEADER, "").strip().lower() == EXTENDED
         metadata = _metadata(request)
+        # It reads a run that counts already: no slot of the principal's limit (as AttachResponse).
         async with self.edge.stream(
-            "AttachResponse", current_identity.get(), metadata, _span_attributes(request)
+            "AttachResponse", current_identity.get(), metadata, _span_attributes(request), limited=False
         ) as watch:
             durable = durability(self.responses)
             # Checked before the headers go out: a bad attach is an error object, not a stream.

@@ -11,14 +11,13 @@ answers are the gRPC door's, one for one.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
 import grpc
 
 from antwort_grpc import pb
-from antwort_grpc.edge import Reservation
+from antwort_grpc.edge import Reservation, Watch
 from antwort_grpc.errors import RequestError
 from antwort_grpc.responses.durable import IDEMPOTENCY_KEY, Begun, Durability, snapshot
 
@@ -46,13 +45,16 @@ def durability(responses: Any) -> Durability:
     return durable
 
 
-def keep_until_run_ends(reserved: Reservation, begun: Begun) -> bool:
-    """A background run keeps its admission room until it ends (it goes on after the request);
-    True when the run took it over."""
-    task: asyncio.Task[None] | None = begun.runner.task if begun.runner is not None else None
-    if task is None or task.done():
+def keep_until_run_ends(reserved: Reservation, begun: Begun, watch: Watch) -> bool:
+    """A background run keeps its admission room and its slot of the principal's limit until it
+    ends (it goes on after the request); True when the run took them over."""
+    runner = begun.runner
+    if runner is None:
         return False
-    task.add_done_callback(lambda _: reserved.release())
+    runner.hold(reserved.release)
+    slot = watch.keep_slot()
+    if slot is not None:
+        runner.hold(slot)
     return True
 
 
