@@ -341,6 +341,10 @@ async def test_a_run_handed_over_to_a_replica_at_its_running_cap_waits_there_for
         handed = await start_background(a, background("handed"))
         busy = await start_background(b, background("busy"))
         await holding.reach(2)
+        # Its first events are in the log, so its resumption says it recovered.
+        first_logged = b.stub.AttachResponse(pb.AttachResponseRequest(response_id=handed), timeout=20)
+        await first_logged.read()
+        first_logged.cancel()
         stopped.set()
         a.process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(20):
@@ -355,6 +359,7 @@ async def test_a_run_handed_over_to_a_replica_at_its_running_cap_waits_there_for
         # Room again: b resumes the run it was handed.
         assert (await poll_ended(b, handed)).status == S.RESPONSE_STATUS_COMPLETED
         events = await Attached(b, handed).finished()
+        assert_valid_stream(events)
         recovered = next(e.recovered for e in events if kinds([e]) == ["recovered"])
         assert recovered.reason == "handed_over"
 
@@ -416,8 +421,10 @@ async def test_resumed_background_runs_count_against_the_gateways_admission_unti
             fake.release()
             ended = [await poll_ended(second, response_id) for response_id in ids]
             assert [r.status for r in ended] == [S.RESPONSE_STATUS_COMPLETED] * 2
+            # Both were resumed here (only a model call after the kill answers this way).
+            assert [output_text_of(r.output[-1]) for r in ended] == ["answer to plain 0", "answer to plain 1"]
             for response_id in ids:
-                assert "recovered" in kinds(await Attached(second, response_id).finished())
+                assert_valid_stream(await Attached(second, response_id).finished())
             # They gave their room back when they ended.
             after = await start_background(second, background("after"))
             assert (await poll_ended(second, after)).status == S.RESPONSE_STATUS_COMPLETED
