@@ -113,6 +113,14 @@ def gateway_settings(args: argparse.Namespace) -> GatewaySettings:
         raise settings_error(GatewaySettings, error, SERVE_FLAGS) from error
 
 
+def _loop_for(settings: GatewaySettings) -> str | None:
+    """The embedded local model is a process the gateway starts: that gateway runs on the standard
+    loop, since uvloop runs Python's at-fork hooks in a child before exec (uvloop issue 749),
+    where one now and then crashed the child. A gateway with a backend URL or a script starts no
+    process and runs on ANTWORT_EVENT_LOOP's (uvloop by default)."""
+    return None if settings.backend_url or settings.script is not None else "asyncio"
+
+
 def _serve(args: argparse.Namespace) -> int:
     settings = gateway_settings(args)
     _logging(settings.log_level, settings.log_format, native=True)
@@ -123,7 +131,7 @@ def _serve(args: argparse.Namespace) -> int:
     from antwort_grpc.server.serve import serve
 
     try:
-        event_loop.run(serve(settings))
+        event_loop.run(serve(settings), _loop_for(settings))
     except (RuntimeError, OSError) as error:
         if is_bind_failure(error) or str(error).startswith("cannot listen on"):
             raise bind_error(settings.listen, "--listen / ANTWORT_LISTEN") from error

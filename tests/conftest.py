@@ -9,12 +9,11 @@ each file, so that what the inner loop leaves out can be read at a glance.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
-
-from antwort_grpc import event_loop
 
 # Node id prefixes (as pytest prints them), and why each is heavy.
 HEAVY = {
@@ -41,19 +40,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(heavy)
 
 
-# Test files whose own event loop stays the standard library's, and why.
-STANDARD_LOOP = {
-    "test_sandbox": "the sandbox service runs on the standard loop (SandboxService.event_loop)",
-    "test_cli_terminal.py": "drives tmux: under uvloop's child processes tmux now and then crashed",
-}
-
-
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> Mapping[str, Callable[[], Any]]:
-    """In-process servers and clients run on the event loop the service's processes run on
-    (ANTWORT_EVENT_LOOP, uvloop by default), so the suite tests the loop that ships; the files in
-    STANDARD_LOOP excepted."""
-    if event_loop.chosen() == "asyncio" or item.path.name.startswith(tuple(STANDARD_LOOP)):
-        return {"asyncio": asyncio.new_event_loop}
-    import uvloop
+    """The tests' own loop is the standard library's: tests start many processes from it (the
+    gateway, tmux, MCP servers, clients), and uvloop runs Python's at-fork hooks in a child before
+    exec (uvloop issue 749), where one now and then crashed the child. What ships is still tested
+    on uvloop: every `serve`, executor and hook process a test starts runs on it (the default of
+    ANTWORT_EVENT_LOOP). `ANTWORT_TEST_LOOP=uvloop` runs the in-process servers on uvloop too."""
+    if os.environ.get("ANTWORT_TEST_LOOP", "") == "uvloop":
+        import uvloop
 
-    return {"uvloop": uvloop.new_event_loop}
+        return {"uvloop": uvloop.new_event_loop}
+    return {"asyncio": asyncio.new_event_loop}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,12 @@ def test_the_setting_chooses_the_standard_loop(monkeypatch: pytest.MonkeyPatch) 
     assert event_loop.run(_loop_module()).startswith("asyncio")
 
 
-async def test_the_suite_runs_on_the_loop_the_service_runs_on() -> None:
-    expected = "asyncio" if event_loop.chosen() == "asyncio" else "uvloop"
-    assert (await _loop_module()).startswith(expected)
+async def test_a_served_gateway_runs_on_uvloop_by_default(tmp_path: Path) -> None:
+    """What ships: `serve` with a backend starts no process and runs on uvloop; the one with the
+    embedded local model (a process it starts) on the standard loop."""
+    from antwort_grpc.cli import _loop_for
+    from antwort_grpc.config import GatewaySettings
+
+    assert _loop_for(GatewaySettings(backend_url="http://127.0.0.1:1/v1")) is None
+    assert _loop_for(GatewaySettings(script=tmp_path / "turns.json")) is None
+    assert _loop_for(GatewaySettings()) == "asyncio"

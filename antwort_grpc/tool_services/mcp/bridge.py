@@ -21,6 +21,10 @@ class McpBridge(ExecutorService):
     """Lists every configured server's tools (each tagged with its server label) and runs a
     call on the server the request's `mcp` tool names, under the tool's original name."""
 
+    # The standard loop: it starts stdio MCP servers, and uvloop runs Python's at-fork hooks in a
+    # child before exec (uvloop issue 749), where one now and then crashed the child.
+    event_loop = "asyncio"
+
     kind = pb.ToolKind.TOOL_KIND_MCP
 
     def __init__(self, servers: Sequence[McpServerConfig], settings: McpBridgeSettings | None = None) -> None:
