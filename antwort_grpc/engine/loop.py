@@ -99,6 +99,18 @@ class Engine:
 
     # -- the public entry points ----------------------------------------------------------------
 
+    async def _history(self, request: pb.CreateResponseRequest, owner: str) -> History:
+        """The conversation `previous_response_id` names (empty without one)."""
+        if not request.previous_response_id:
+            return History()
+        return await load_history(
+            self.store,
+            request.previous_response_id,
+            owner=owner,
+            max_depth=self.config.history_max_depth,
+            max_bytes=self.config.history_max_bytes,
+        )
+
     async def start(
         self,
         request: pb.CreateResponseRequest,
@@ -137,15 +149,7 @@ class Engine:
         no hooks are asked again and no deadline applies (the caller is gone); max_duration runs
         from the response's start."""
         owner, response = record.owner, resumed.response
-        history = History()
-        if request.previous_response_id:
-            history = await load_history(
-                self.store,
-                request.previous_response_id,
-                owner=owner,
-                max_depth=self.config.history_max_depth,
-                max_bytes=self.config.history_max_bytes,
-            )
+        history = await self._history(request, owner)
         tools = await resolve_tools(request.tools, self.config.executors)
         limits = self.config.limits
         seen = list(response.output)
@@ -243,15 +247,7 @@ class Engine:
         model = request.model or self.config.default_model
         if not model:
             raise invalid_argument([FieldViolation("model", "required: no default model is configured")])
-        history = History()
-        if request.previous_response_id:
-            history = await load_history(
-                self.store,
-                request.previous_response_id,
-                owner=owner,
-                max_depth=self.config.history_max_depth,
-                max_bytes=self.config.history_max_bytes,
-            )
+        history = await self._history(request, owner)
         if _large(request):
             # Copying its items and its tools into the Response: tens of milliseconds at the limits.
             items, ending, tools_echoed, response = await off_loop(_made, request, model)
