@@ -235,8 +235,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def serve(backend_url: str, data_dir: str) -> None:
-    """The gateway as `antwort-grpc serve` builds it from its defaults (memory store), READY <port>."""
-    asyncio.run(_serve(backend_url, data_dir))
+    """The gateway as `antwort-grpc serve` builds it from its defaults (memory store) and on its
+    event loop (asyncio's when slow steps are to be logged: its debug mode does that), READY <port>."""
+    from antwort_grpc import event_loop
+
+    event_loop.run(_serve(backend_url, data_dir), "asyncio" if os.environ.get("BENCH_SLOW_CALLBACKS") else None)
 
 
 async def _serve(backend_url: str, data_dir: str) -> None:
@@ -260,7 +263,7 @@ async def _serve(backend_url: str, data_dir: str) -> None:
         logging.basicConfig(level=logging.WARNING)
         loop = asyncio.get_running_loop()
         loop.set_debug(True)
-        loop.slow_callback_duration = 0.05
+        loop.slow_callback_duration = float(os.environ["BENCH_SLOW_CALLBACKS"])
     parts = await assemble(settings)
     gateway = await start_gateway(settings, provider=parts.provider, store=parts.store, executors=parts.executors)
     tune_gc()

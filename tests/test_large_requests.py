@@ -14,11 +14,12 @@ import grpc
 import pytest
 
 from antwort_grpc import offload, pb
+from antwort_grpc.engine import emitter as emitter_module
 from antwort_grpc.engine import loop as engine_loop
 from antwort_grpc.providers.base import TurnRequest
 from antwort_grpc.providers.openai import request as request_module
 from antwort_grpc.providers.openai.request import build_body
-from antwort_grpc.providers.scripted import ScriptedProvider, Text
+from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
 from antwort_grpc.responses import schemas
 from tests.harness import collect, function_tool, output_text, running_gateway
 from tests.test_interactive_runs import Session
@@ -135,6 +136,45 @@ async def test_a_large_request_runs_with_its_items_and_tools_made_off_the_event_
     assert sent.items[0].id == "msg_mine"
     assert all(item.id.startswith("msg_") for item in sent.items)
     assert len({item.id for item in sent.items}) == 300
+
+
+async def test_lifecycle_events_echoing_large_tools_are_made_off_the_event_loop_and_carry_every_tool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made_away: list[str] = []
+    off_loop = engine_loop.off_loop
+
+    async def watched(function: Any, *args: Any, **kwargs: Any) -> Any:
+        made_away.append(function.__name__)
+        return await off_loop(function, *args, **kwargs)
+
+    monkeypatch.setattr(engine_loop, "off_loop", watched)
+    # 12 tools of about 8 KiB: past the bytes that make a lifecycle event costly, under the rest.
+    tools = unseen_tools(12, 120, tag="lifecycle")
+    assert sum(t.ByteSize() for t in tools) > emitter_module.HEAVY_TOOLS_BYTES
+    provider = ScriptedProvider([[Text("all of them")], [Call.of("tool_3", {"p0": "x"}, call_id="c1")]])
+    async with running_gateway(provider=provider) as gw:
+        answered = await collect(
+            gw.stub.CreateResponse(pb.CreateResponseRequest(input_text="hi", tools=tools, stream=True))
+        )
+        paused = await collect(
+            gw.stub.CreateResponse(pb.CreateResponseRequest(input_text="go", tools=tools, stream=True))
+        )
+    assert made_away == ["_made", "opening", "terminal"] * 2
+    kinds = [e.WhichOneof("event") for e in answered]
+    assert kinds[:2] == ["created", "in_progress"] and kinds[-1] == "completed"
+    for event in (answered[0], answered[1], answered[-1], paused[0], paused[-1]):
+        response = getattr(event, event.WhichOneof("event")).response
+        assert list(response.tools) == tools, event.WhichOneof("event")
+    assert [e.sequence_number for e in answered] == list(range(1, len(answered) + 1))
+    assert output_text(answered[-1].completed.response) == "all of them"
+    assert paused[-1].WhichOneof("event") == "requires_action"
+    assert [c.call_id for c in paused[-1].requires_action.tool_calls] == ["c1"]
+    # Small tools: made where the response runs.
+    made_away.clear()
+    async with running_gateway(provider=ScriptedProvider([[Text("small")]])) as gw:
+        await collect(gw.stub.CreateResponse(pb.CreateResponseRequest(input_text="hi", tools=tools[:1], stream=True)))
+    assert made_away == []
 
 
 def test_a_body_of_many_messages_is_encoded_in_pieces_to_the_same_text(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -37,6 +37,9 @@ _REPEATED_MESSAGES = {f.number for f in _RESPONSE_FIELDS if f.message_type is no
     _TOOLS,
     _METADATA,
 }
+# Echoed tools past this many bytes make each lifecycle event a half-millisecond parse or more.
+HEAVY_TOOLS_BYTES = 64 << 10
+
 _TERMINAL = {
     RESPONSE_COMPLETED: "completed",
     RESPONSE_REQUIRES_ACTION: "requires_action",
@@ -172,6 +175,11 @@ class ResponseEmitter:
         event = pb.StreamEvent(sequence_number=self._next())
         getattr(event, kind).response.CopyFrom(self.response)
         return event
+
+    def heavy(self) -> bool:
+        """Whether a lifecycle event is costly to make: its echoed tools are so large that
+        parsing the event from its bytes (about 8 ms a MiB) would hold the event loop."""
+        return self._echoes_tools() and len(self._tools or b"") > HEAVY_TOOLS_BYTES
 
     def _echoes_tools(self) -> bool:
         if self._tools is None:

@@ -22,7 +22,7 @@ from antwort_grpc.engine import continuation, durable, response_status
 from antwort_grpc.engine.budget import ServerLimits, run_limits
 from antwort_grpc.engine.checkpoints import inject_items
 from antwort_grpc.engine.durable import Resumed
-from antwort_grpc.engine.emitter import echoed_tools
+from antwort_grpc.engine.emitter import ResponseEmitter, echoed_tools
 from antwort_grpc.engine.history import HISTORY_MAX_BYTES, History, load_history
 from antwort_grpc.engine.hook_gate import HookGate
 from antwort_grpc.engine.model_call import call_model, turn_request
@@ -292,7 +292,7 @@ class Engine:
         try:
             if run.recovery is None:
                 self._start_early(run)
-                created, in_progress = emitter.opening()
+                created, in_progress = await _opening(emitter)
                 yield created
                 yield in_progress
             else:
@@ -327,7 +327,7 @@ class Engine:
                     yield event
             await asyncio.shield(self._save(run))
             finished = True
-            yield emitter.terminal(*_handed_out(outcome))
+            yield await _terminal(emitter, outcome)
         finally:
             await self._end(run, finished)
 
@@ -476,6 +476,23 @@ def _made(request: pb.CreateResponseRequest, model: str) -> tuple[list[pb.Item],
     ending = pb.StreamEvent()
     tools_echoed = echoed_tools(request.tools) if request.tools else b""
     return items, ending, tools_echoed, new_response(request, model, within=ending, tools=tools_echoed)
+
+
+# A Response echoing large tools has its lifecycle events made in the worker thread: each parse
+# holds the GIL as long there, but the event loop runs between it and other requests' heavy steps
+# (on the loop, four such openings ran back to back while health checks and every other stream
+# waited).
+
+
+async def _opening(emitter: ResponseEmitter) -> tuple[pb.StreamEvent, pb.StreamEvent]:
+    return await off_loop(emitter.opening) if emitter.heavy() else emitter.opening()
+
+
+async def _terminal(emitter: ResponseEmitter, outcome: FinalOutcome) -> pb.StreamEvent:
+    calls, approvals = _handed_out(outcome)
+    if emitter.heavy():
+        return await off_loop(emitter.terminal, calls, approvals)
+    return emitter.terminal(calls, approvals)
 
 
 def _handed_out(outcome: FinalOutcome) -> tuple[list[pb.FunctionCall], list[pb.ApprovalRequest]]:
