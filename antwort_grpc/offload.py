@@ -1,7 +1,8 @@
 """Where the CPU-heavy steps of large requests run instead of the event loop.
 
 `off_loop`: one worker thread, for parsing a request over 1 MiB, checking one with many tools or
-items, building its backend body. One thread, not a pool: the work is Python holding the GIL, so
+items, building its backend body, making the lifecycle events of a Response that echoes
+large tools. One thread, not a pool: the work is Python holding the GIL, so
 more threads would not finish it sooner, and each one more is one more contender the event loop
 waits behind for the GIL between its own steps (health checks, every other stream's tokens).
 
