@@ -1,23 +1,30 @@
 """Serving the HTTP door: its own address (a set address that cannot be bound is one startup line
 naming the setting; the default one, taken, only turns the door off), TLS from the gRPC port's
-files (mutual TLS with a client CA), and no open address without authentication."""
+files (mutual TLS with a client CA), no open address without authentication, and its health
+answering what gRPC health answers when shutdown begins."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import signal
 import socket
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.http.serving import door_settings, open_door
 from antwort_grpc.providers.scripted import ScriptedProvider, Text
 from tests.certs import authority
 from tests.harness import running_gateway
+from tests.test_cli import ANTWORT
 from tests.test_startup_errors import assert_one_line, run
 
 
@@ -101,3 +108,41 @@ async def test_the_http_door_serves_tls_from_the_grpc_ports_files_and_mutual_tls
 def test_serve_help_names_the_http_flag() -> None:
     result = run("serve", "--help")
     assert "--http-listen" in result.stdout
+
+
+async def test_http_health_says_draining_with_503_once_shutdown_begins_as_grpc_health_does(script: Path) -> None:
+    # A load balancer probing the HTTP port must stop sending work when a SIGTERM starts the drain,
+    # the moment the gRPC port's health goes NOT_SERVING.
+    env = {**os.environ, "ANTWORT_SHUTDOWN_DRAIN": "60", "ANTWORT_LOG_LEVEL": "INFO"}
+    proc = await asyncio.create_subprocess_exec(
+        ANTWORT, "serve", "--listen", "127.0.0.1:0", "--store", "memory", "--script", str(script),
+        "--http-listen", "127.0.0.1:0", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        target = url = ""
+        async with asyncio.timeout(30):
+            while not (target and url):
+                line = (await proc.stdout.readline()).decode()
+                assert line, "serve exited before it was ready"
+                if "HTTP door listening on" in line:
+                    url = line.split("listening on ", 1)[1].split()[0].rstrip('",}')
+                elif "serving on" in line:
+                    target = line.rsplit(" ", 1)[1].strip()
+        async with aiohttp.ClientSession() as session, grpc.aio.insecure_channel(target) as channel:
+            async with session.get(url + "/health") as response:
+                assert (response.status, await response.json()) == (200, {"status": "ok"})
+            proc.send_signal(signal.SIGTERM)
+            health = health_pb2_grpc.HealthStub(channel)
+            not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+            async with asyncio.timeout(20):
+                async for answer in health.Watch(health_pb2.HealthCheckRequest()):
+                    if answer.status == not_serving:
+                        break
+            async with session.get(url + "/health") as response:
+                assert (response.status, await response.json()) == (503, {"status": "draining"})
+            assert proc.returncode is None, "still draining: the doors stay open for the load balancers"
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()

@@ -75,8 +75,13 @@ class DoorSettings:
 
 
 class HttpDoor:
-    def __init__(self, core: Core, settings: DoorSettings | None = None) -> None:
+    def __init__(
+        self, core: Core, settings: DoorSettings | None = None, accepting: Callable[[], bool] | None = None
+    ) -> None:
+        """`accepting`: whether the process still takes work (False once it drains for shutdown):
+        what `/health` answers, as gRPC health goes NOT_SERVING at the same moment."""
         self.core = core
+        self.accepting = accepting
         self.responses = core.responses
         self.edge = core.edge
         self.settings = settings or DoorSettings()
@@ -190,6 +195,8 @@ class HttpDoor:
     # ---------------------------------------------------------------------------- handlers
 
     async def health(self, request: web.Request) -> web.Response:
+        if self.accepting is not None and not self.accepting():
+            return web.json_response({"status": "draining"}, status=503)
         return web.json_response({"status": "ok"})
 
     async def create(self, request: web.Request) -> web.StreamResponse:

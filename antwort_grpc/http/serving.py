@@ -4,6 +4,7 @@ the gRPC port's TLS files."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.core import Core
@@ -26,7 +27,9 @@ def door_settings(settings: GatewaySettings) -> DoorSettings:
     )
 
 
-async def open_door(settings: GatewaySettings, core: Core) -> HttpDoor | None:
+async def open_door(
+    settings: GatewaySettings, core: Core, accepting: Callable[[], bool] | None = None
+) -> HttpDoor | None:
     """The door serving on `settings.http_listen`; None when it is off.
 
     Left at its default the address is a convenience (the OpenAI SDK works with nothing
@@ -35,7 +38,7 @@ async def open_door(settings: GatewaySettings, core: Core) -> HttpDoor | None:
     listen = settings.http_listen.strip()
     if listen.lower() in OFF:
         return None
-    door = HttpDoor(core, door_settings(settings))
+    door = HttpDoor(core, door_settings(settings), accepting)
     try:
         await door.start(listen)
     except OSError as error:

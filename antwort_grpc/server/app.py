@@ -51,6 +51,12 @@ class Gateway:
     serving: Serving
     core: Core
     watcher: asyncio.Task[None] | None = None
+    # Set when shutdown begins: health is NOT_SERVING from then on, at every door.
+    draining: bool = False
+
+    def accepting(self) -> bool:
+        """Whether load balancers should still send it work (False from the start of shutdown)."""
+        return not self.draining
 
     @property
     def server(self) -> grpc.aio.Server:
@@ -98,6 +104,7 @@ class Gateway:
         if self.watcher is not None:
             self.watcher.cancel()
         # Background runs do not wait for the grace: another replica resumes them now.
+        self.draining = True
         await self.core.hand_over()
         await self.health.enter_graceful_shutdown()
         if drain > 0:

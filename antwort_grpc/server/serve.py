@@ -41,7 +41,7 @@ async def serve(settings: GatewaySettings) -> None:
     try:
         gateway = await start_gateway(settings, provider=parts.provider, store=parts.store, executors=parts.executors)
         try:
-            door = await open_door(settings, gateway.core)
+            door = await open_door(settings, gateway.core, gateway.accepting)
         except BaseException:
             await gateway.stop(0)
             raise
