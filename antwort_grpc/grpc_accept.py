@@ -9,8 +9,10 @@ it had cancelled, and the gateway never sees the call: no log line, no admission
 That is what ended hundreds of the 1,000-stream benchmark's conversations (bench/RESULTS.md).
 
 Here the server keeps AHEAD requests per method with grpc: calls that arrive together are
-matched by grpc at once, while the loop is busy, and the loop hands them over one a turn or two
-without a round trip through grpc each. It costs a few hundred idle requests (one task each).
+matched by grpc at once, while the loop is busy, and the loop hands them over at about two turns
+a call, without a round trip through grpc each. It costs a few hundred idle requests (a task
+each). A call matched but not yet handed over when the server stops ends CANCELLED at once,
+as do the calls grpc.aio alone leaves waiting.
 
 grpc.aio has no option for this; the server class it builds is given a subclass that answers
 its per-method request hook (`_make_request_call_future`, grpcio 1.85, pinned). Should a grpcio
@@ -61,7 +63,7 @@ def aio_server(
 ) -> grpc.aio.Server:
     """grpc.aio.server(options, interceptors), taking new calls in AHEAD at a time per method."""
     # grpc.aio builds cygrpc.AioServer by name: the name stands for ours while this server is
-    # built (nothing awaits in between; the lock keeps another thread's build out of it).
+    # built (nothing awaits in between; the lock keeps our builds in other threads apart).
     with _building:
         stock = cygrpc.AioServer
         cygrpc.AioServer = _AheadAioServer
