@@ -21,6 +21,8 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 from grpc_reflection.v1alpha._async import ReflectionServicer
 
+from antwort_grpc.grpc_accept import aio_server
+
 SERVING = health_pb2.HealthCheckResponse.SERVING
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 REFLECTION_V1ALPHA = reflection.SERVICE_NAME
@@ -115,14 +117,14 @@ class Serving:
 
 async def start_server(listen: str, spec: ServerSpec) -> Serving:
     """Start serving on `listen` (port 0 picks a free one); OSError when it cannot listen."""
-    server = grpc.aio.server(
+    server = aio_server(
         options=[
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", spec.max_message_bytes),
             ("grpc.max_send_message_length", spec.max_message_bytes),
             *spec.options,
         ],
-        interceptors=list(spec.interceptors),
+        interceptors=spec.interceptors,
     )
     spec.add_services(server)
     health = Health()
