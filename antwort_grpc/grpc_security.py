@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -61,6 +62,9 @@ class Authenticator(Protocol):
 
 # None: no authentication configured, or outside an RPC.
 current_identity: ContextVar[Identity | None] = ContextVar("current_identity", default=None)
+# perf_counter() when the RPC reached the authentication interceptor (0.0: it has none), so the
+# per-RPC metrics time a call from its arrival, authentication included.
+arrival: ContextVar[float] = ContextVar("rpc_arrival", default=0.0)
 
 
 def credential_of(metadata: Collection[tuple[str, Any]] | None) -> str:
@@ -122,17 +126,21 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         authenticator: Authenticator,
         open_services: tuple[str, ...] = OPEN_SERVICES,
         refused: Callable[[str, RequestError], None] | None = None,
+        measure: Callable[[str, grpc.RpcMethodHandler], grpc.RpcMethodHandler] | None = None,
     ) -> None:
         self.authenticator = authenticator
         self.open_services = open_services
         # Told of each call refused here (the method's name, the error): the gateway counts them.
         self.refused = refused
+        # What a refused call's handler is wrapped in (the per-RPC metrics count it too).
+        self.measure = measure
 
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
+        arrival.set(time.perf_counter())
         handler = await continuation(details)
         method: str = details.method
         if handler is None or method.startswith(self.open_services):
@@ -143,7 +151,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             refusal = RequestError(grpc.StatusCode.UNAUTHENTICATED, str(err), reason="unauthenticated")
             if self.refused is not None:
                 self.refused(method.rpartition("/")[2], refusal)
-            return _refuse(handler, refusal)
+            refusing = _refuse(handler, refusal)
+            return self.measure(method, refusing) if self.measure is not None else refusing
         # The RPC's handler runs in this task: it reads who is calling from here.
         current_identity.set(identity)
         return handler

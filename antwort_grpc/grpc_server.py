@@ -45,6 +45,9 @@ class ServerSpec:
     options: Sequence[tuple[str, int | str]] = ()
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     reflection: bool = True
+    # What every service is added through (the per-RPC metrics wrap each method's handler there);
+    # None: the server itself.
+    adding: Callable[[grpc.aio.Server], grpc.aio.Server] | None = None
 
 
 class Health(HealthServicer):  # type: ignore[misc]
@@ -126,11 +129,12 @@ async def start_server(listen: str, spec: ServerSpec) -> Serving:
         ],
         interceptors=spec.interceptors,
     )
-    spec.add_services(server)
+    adding = spec.adding(server) if spec.adding is not None else server
+    spec.add_services(adding)
     health = Health()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, adding)
     if spec.reflection:
-        enable_reflection([*spec.services, HEALTH_SERVICE], server)
+        enable_reflection([*spec.services, HEALTH_SERVICE], adding)
     if spec.credentials is None:
         port = server.add_insecure_port(listen)
     else:

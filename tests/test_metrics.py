@@ -290,3 +290,59 @@ async def test_a_stream_closed_right_after_its_turn_end_is_a_completed_model_cal
     await stream.aclose()
     await observed.complete(turn)
     assert model_calls(metrics) == {"": 2}
+
+
+def handled(metrics: Metrics) -> dict[tuple[str, str, str], float]:
+    """grpc_server_handled_total by (method, type, code), as the registry exposes it."""
+    return {
+        (s.labels["grpc_method"], s.labels["grpc_type"], s.labels["grpc_code"]): s.value
+        for family in metrics.registry.collect()
+        if family.name == "grpc_server_handled"
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+
+
+def sample_sum(metrics: Metrics, name: str) -> float:
+    return sum(s.value for family in metrics.registry.collect() for s in family.samples if s.name == name)
+
+
+async def test_without_authentication_every_rpc_is_counted_by_status_those_that_fail_early_too() -> None:
+    gate = asyncio.Event()
+
+    def script(request: TurnRequest) -> Turn:
+        text = request.items[0].message.content[0].input_text.text
+        return Turn([Text("a long answer")], hold=gate if text == "hold" else None, hold_at=1)
+
+    async with running_gateway(provider=ScriptedProvider([script], repeat=True), metrics_listen="127.0.0.1:0") as gw:
+        observability = gw.gateway.observability
+        assert observability is not None and observability.metrics is not None
+        metrics = observability.metrics
+        await collect(gw.stub.CreateResponse(user("hello")))
+        raw = gw.channel.unary_stream("/antwort.v1.ResponsesService/CreateResponse")
+        await refused(grpc.StatusCode.INVALID_ARGUMENT, collect(raw(b"\x0a\x01\xff")))
+        await refused(grpc.StatusCode.NOT_FOUND, gw.stub.GetResponse(pb.GetResponseRequest(response_id="resp_x")))
+        # A client that goes away in the middle of a stream.
+        held = gw.stub.CreateResponse(pb.CreateResponseRequest(input_text="hold", stream=True))
+        await held.read()
+        held.cancel()
+        await health_pb2_grpc.HealthStub(gw.channel).Check(health_pb2.HealthCheckRequest())
+        reflection = reflection_pb2_grpc.ServerReflectionStub(gw.channel)
+        assert [r async for r in reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest()]))]
+        expected = {
+            ("CreateResponse", "server_stream", "OK"): 1,
+            ("CreateResponse", "server_stream", "InvalidArgument"): 1,
+            ("CreateResponse", "server_stream", "Canceled"): 1,
+            ("GetResponse", "unary", "NotFound"): 1,
+            ("Check", "unary", "OK"): 1,
+            ("ServerReflectionInfo", "bidi_stream", "OK"): 1,
+        }
+        # The server's side of a cancelled call ends after the client has gone.
+        for _ in range(200):
+            if handled(metrics) == expected:
+                break
+            await asyncio.sleep(0.05)
+        gate.set()
+        assert handled(metrics) == expected
+        assert sample_sum(metrics, "grpc_server_started_total") == 6
+        assert sample_sum(metrics, "grpc_server_handling_seconds_count") == 6

@@ -21,7 +21,7 @@ from antwort_grpc.executors.base import ToolExecutor
 from antwort_grpc.grpc_security import AuthInterceptor, server_credentials
 from antwort_grpc.grpc_server import ServerSpec, Serving, bound_address, start_server
 from antwort_grpc.observability import Observability
-from antwort_grpc.observability.rpc_metrics import RpcMetricsInterceptor
+from antwort_grpc.observability.rpc_metrics import RpcMetrics
 from antwort_grpc.providers.base import Provider, ProviderHealth
 from antwort_grpc.server.connections import connection_options
 from antwort_grpc.server.decode import EVERY_MESSAGE, Admitting, add_parsing_servicer
@@ -151,11 +151,11 @@ async def start_gateway(
     )
     interceptors: list[grpc.aio.ServerInterceptor] = []
     metrics = core.observability.metrics if core.observability is not None else None
-    if metrics is not None:
-        # First: it times and counts every call, the ones the interceptors after it refuse too.
-        interceptors.append(RpcMetricsInterceptor(metrics))
+    # Every RPC counted and timed, the ones authentication refuses too: each handler wrapped once.
+    rpc = RpcMetrics(metrics) if metrics is not None else None
     if core.authenticator is not None:
-        interceptors.append(AuthInterceptor(core.authenticator, refused=edge.refused))
+        measure = rpc.measure if rpc is not None else None
+        interceptors.append(AuthInterceptor(core.authenticator, refused=edge.refused, measure=measure))
     spec = ServerSpec(
         services=[RESPONSES_SERVICE],
         add_services=lambda server: add_parsing_servicer(
@@ -165,6 +165,7 @@ async def start_gateway(
         interceptors=interceptors,
         options=connection_options(settings),
         reflection=settings.reflection,
+        adding=rpc.server if rpc is not None else None,
     )
     try:
         serving = await start_server(settings.listen, spec)
