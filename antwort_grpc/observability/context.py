@@ -26,6 +26,9 @@ class Observation:
     last_delta: float = 0.0
     deltas: int = 0
     finished: bool = False
+    # Whether the response's span records (sampled): an unsampled one is only carried along, so
+    # what goes downstream says "not sampled", and nothing is set on it.
+    recording: bool = False
 
     def parent(self) -> Any:
         """The context a model call or tool call span hangs under."""

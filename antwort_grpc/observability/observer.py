@@ -54,12 +54,13 @@ class Observer:
                 "rpc.service": "antwort.v1.ResponsesService",
                 "rpc.method": method,
             }
-            observation.span = self.tracer.start_span(
+            span = observation.span = self.tracer.start_span(
                 OPERATION,
                 context=tracing.extract(metadata),
                 kind=trace.SpanKind.SERVER,
                 attributes={"gen_ai.operation.name": OPERATION, **transport},
             )
+            observation.recording = span.is_recording()
         if self.metrics is not None:
             self.metrics.open_streams.inc()
         return observation
@@ -81,7 +82,7 @@ class Observer:
             if o.finished or (o.response_id and o.response_id != response.id):
                 self.restart(o, metadata)
             o.response_id, o.model = response.id, response.model
-            if o.span is not None:
+            if o.recording:
                 o.span.update_name(f"{OPERATION} {response.model}".strip())
                 o.span.set_attribute("gen_ai.response.id", response.id)
                 o.span.set_attribute("gen_ai.request.model", response.model)
@@ -124,9 +125,10 @@ class Observer:
         if o.turn_span is not None:
             o.turn_span.end()
             o.turn_span = None
-        if o.span is not None:
+        if o.span is not None and self.log_responses:
+            trace_id = format(o.span.get_span_context().trace_id, "032x")
+        if o.recording:
             span = o.span
-            trace_id = format(span.get_span_context().trace_id, "032x")
             span.set_attributes(
                 {
                     "gen_ai.response.id": response.id if response is not None else o.response_id,

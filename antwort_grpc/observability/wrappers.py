@@ -28,7 +28,7 @@ def _next_turn(o: Observation | None, tracer: trace.Tracer | None) -> None:
     if o is None:
         return
     o.turns += 1
-    if tracer is None or o.span is None or not o.span.is_recording():
+    if tracer is None or not o.recording:
         return
     if o.turn_span is not None:
         o.turn_span.end()
@@ -37,15 +37,12 @@ def _next_turn(o: Observation | None, tracer: trace.Tracer | None) -> None:
     )
 
 
-def _unsampled(o: Observation | None) -> trace.Span | None:
-    """The response's span when it is not sampled: its model and tool calls would not be either
-    (the sampler follows the parent), so they make no span of their own and go on in this one's
-    context (what they pass on downstream says "not sampled"); its calls to end or annotate it do
-    nothing. None when a span of their own is due."""
-    if o is None or o.span is None or o.span.is_recording():
-        return None
-    span: trace.Span = o.span
-    return span
+def _unsampled(o: Observation | None) -> bool:
+    """Whether the response's span is not sampled: its model and tool calls would not be either
+    (the sampler follows the parent), so they make no span of their own and go on in its context,
+    current already in the response's task and the tasks it starts (what they pass on downstream
+    says "not sampled")."""
+    return o is not None and o.span is not None and not o.recording
 
 
 class ObservedProvider:
@@ -61,10 +58,8 @@ class ObservedProvider:
     def _start(self, turn: TurnRequest) -> Any:
         o = current_observation.get()
         _next_turn(o, self._tracer)
-        if self._tracer is None:
+        if self._tracer is None or _unsampled(o):
             return None
-        if (unsampled := _unsampled(o)) is not None:
-            return unsampled
         return self._tracer.start_span(
             f"{CHAT} {turn.model}".strip(),
             context=o.parent() if o is not None else None,
@@ -177,9 +172,9 @@ class ObservedExecutor:
 
     async def execute(self, call: pb.FunctionCall, tool: pb.Tool, progress: ProgressSink) -> pb.FunctionCallOutput:
         span = token = None
-        if self._tracer is not None:
-            o = current_observation.get()
-            span = _unsampled(o) or self._tracer.start_span(
+        o = current_observation.get() if self._tracer is not None else None
+        if self._tracer is not None and not _unsampled(o):
+            span = self._tracer.start_span(
                 f"execute_tool {call.name}",
                 context=o.parent() if o is not None else None,
                 kind=trace.SpanKind.CLIENT,
