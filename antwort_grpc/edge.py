@@ -190,6 +190,7 @@ class Watch:
         "_method",
         "_observation",
         "_principal",
+        "_see",
         "_slot",
         "_token",
         "cut",
@@ -215,6 +216,8 @@ class Watch:
         self._observation: Observation | None = None
         self._token: object | None = None
         self.observing = edge.observer is not None
+        # The observer's look at each event (bound once: it is called for every event).
+        self._see = edge.observer.event if edge.observer is not None else None
         # How the stream ended if it ends early: refused before its first event, or cut after it.
         self.cut = "refused"
 
@@ -261,9 +264,9 @@ class Watch:
 
     def saw(self, event: pb.StreamEvent) -> None:
         self.cut = "client_gone"
-        if self._edge.observer is not None:
+        if self._see is not None:
             assert self._observation is not None
-            self._edge.observer.event(self._observation, event, self._metadata)
+            self._see(self._observation, event, self._metadata)
 
     def ended(self) -> None:
         """The stream ran to its end (not cut)."""

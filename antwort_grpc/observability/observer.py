@@ -39,6 +39,7 @@ class Observer:
         self.metrics = metrics
         self.tracer = tracer
         self.log_responses = log_responses
+        self._grpc_attributes: dict[str, dict[str, str]] = {}
 
     def refused(self, method: str, error: RequestError) -> None:
         """A request refused before it started (unauthenticated, malformed, invalid, over its limit)."""
@@ -49,21 +50,27 @@ class Observer:
         """`door`: the span's attributes of the transport it came through (default: gRPC's)."""
         observation = Observation(time.perf_counter())
         if self.tracer is not None:
-            transport = door or {
-                "rpc.system": "grpc",
-                "rpc.service": "antwort.v1.ResponsesService",
-                "rpc.method": method,
-            }
+            if door is None:
+                attributes = self._grpc_attributes.get(method) or self._learn(method)
+            else:
+                attributes = {"gen_ai.operation.name": OPERATION, **door}
             span = observation.span = self.tracer.start_span(
-                OPERATION,
-                context=tracing.extract(metadata),
-                kind=trace.SpanKind.SERVER,
-                attributes={"gen_ai.operation.name": OPERATION, **transport},
+                OPERATION, context=tracing.extract(metadata), kind=trace.SpanKind.SERVER, attributes=attributes
             )
             observation.recording = span.is_recording()
         if self.metrics is not None:
             self.metrics.open_streams.inc()
         return observation
+
+    def _learn(self, method: str) -> dict[str, str]:
+        # The SDK copies a span's attributes: one dictionary per method serves every span.
+        attributes = self._grpc_attributes[method] = {
+            "gen_ai.operation.name": OPERATION,
+            "rpc.system": "grpc",
+            "rpc.service": "antwort.v1.ResponsesService",
+            "rpc.method": method,
+        }
+        return attributes
 
     def event(self, o: Observation, event: pb.StreamEvent, metadata: Any = None) -> None:
         kind = event.WhichOneof("event")
@@ -81,11 +88,8 @@ class Observer:
             response = event.created.response
             if o.finished or (o.response_id and o.response_id != response.id):
                 self.restart(o, metadata)
+            # Named and given the model on its span when it ends (a span is exported then).
             o.response_id, o.model = response.id, response.model
-            if o.recording:
-                o.span.update_name(f"{OPERATION} {response.model}".strip())
-                o.span.set_attribute("gen_ai.response.id", response.id)
-                o.span.set_attribute("gen_ai.request.model", response.model)
         elif kind == "hook_failed" and self.metrics is not None:
             self.metrics.hook_failures.inc()
 
@@ -129,16 +133,19 @@ class Observer:
             trace_id = format(o.span.get_span_context().trace_id, "032x")
         if o.recording:
             span = o.span
-            span.set_attributes(
-                {
-                    "gen_ai.response.id": response.id if response is not None else o.response_id,
-                    "gen_ai.usage.input_tokens": usage.input_tokens,
-                    "gen_ai.usage.output_tokens": usage.output_tokens,
-                    "antwort.response.status": status,
-                    "antwort.turns": o.turns,
-                    "antwort.tool_calls": tool_calls,
-                }
-            )
+            attributes: dict[str, str | int] = {
+                "gen_ai.response.id": response.id if response is not None else o.response_id,
+                "gen_ai.usage.input_tokens": usage.input_tokens,
+                "gen_ai.usage.output_tokens": usage.output_tokens,
+                "antwort.response.status": status,
+                "antwort.turns": o.turns,
+                "antwort.tool_calls": tool_calls,
+            }
+            if o.model:
+                # What `created` said (one update of the span instead of one per event).
+                span.update_name(f"{OPERATION} {o.model}")
+                attributes["gen_ai.request.model"] = o.model
+            span.set_attributes(attributes)
             if error:
                 span.set_attribute("error.type", error)
                 span.set_status(trace.Status(trace.StatusCode.ERROR, error))
