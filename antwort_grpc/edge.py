@@ -190,11 +190,11 @@ class Watch:
         "_method",
         "_observation",
         "_principal",
-        "_see",
         "_slot",
         "_token",
         "cut",
         "observing",
+        "saw",
     )
 
     def __init__(
@@ -216,10 +216,11 @@ class Watch:
         self._observation: Observation | None = None
         self._token: object | None = None
         self.observing = edge.observer is not None
-        # The observer's look at each event (bound once: it is called for every event).
-        self._see = edge.observer.event if edge.observer is not None else None
         # How the stream ended if it ends early: refused before its first event, or cut after it.
         self.cut = "refused"
+        # Called with every event the stream carries: the observer's look at it once the stream
+        # is entered (one call per event, made for the stream), else only the note that one went.
+        self.saw: Callable[[pb.StreamEvent], None] = self._went
 
     async def __aenter__(self) -> Watch:
         edge = self._edge
@@ -236,16 +237,20 @@ class Watch:
         if edge.observer is not None:
             observation = self._observation = edge.observer.begin(self._method, self._metadata, self._door)
             current_observation.set(observation)
+            self.saw = edge.observer.looking(observation, self._metadata)
             if observation.span is not None:
                 self._token = otel_context.attach(trace.set_span_in_context(observation.span))
         return self
 
     async def __aexit__(self, kind: object, error: object, traceback: object) -> None:
         edge = self._edge
-        if isinstance(error, RequestError) and self.cut == "refused":
+        cut = self.cut
+        if cut == "refused" and self._observation is not None and self._observation.seen:
+            cut = "client_gone"
+        if isinstance(error, RequestError) and cut == "refused":
             edge.refused(self._method, error)
         if edge.observer is not None and self._observation is not None:
-            edge.observer.end(self._observation, self.cut)
+            edge.observer.end(self._observation, cut)
         if self._token is not None:
             otel_context.detach(self._token)  # type: ignore[arg-type]
         if self._slot and edge.limit is not None:
@@ -262,11 +267,8 @@ class Watch:
         principal = self._principal
         return lambda: limit.release(principal)
 
-    def saw(self, event: pb.StreamEvent) -> None:
+    def _went(self, event: pb.StreamEvent) -> None:
         self.cut = "client_gone"
-        if self._see is not None:
-            assert self._observation is not None
-            self._see(self._observation, event, self._metadata)
 
     def ended(self) -> None:
         """The stream ran to its end (not cut)."""

@@ -73,10 +73,15 @@ def shutdown() -> None:
         _provider = None
 
 
+# A Context cannot be changed (setting a value makes another): one empty one serves every call
+# that comes without a trace.
+_NO_TRACE = otel_context.Context()
+
+
 def extract(metadata: Iterable[tuple[str, Any]] | None) -> otel_context.Context:
     """The caller's trace context from gRPC metadata (an empty context when it sent none)."""
     carrier = {k: (v.decode() if isinstance(v, bytes) else str(v)) for k, v in metadata or () if k.startswith("trace")}
-    return PROPAGATOR.extract(carrier) if carrier else otel_context.Context()
+    return PROPAGATOR.extract(carrier) if carrier else _NO_TRACE
 
 
 def inject(carrier: MutableMapping[str, str]) -> None:

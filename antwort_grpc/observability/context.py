@@ -29,6 +29,8 @@ class Observation:
     # Whether the response's span records (sampled): an unsampled one is only carried along, so
     # what goes downstream says "not sampled", and nothing is set on it.
     recording: bool = False
+    # Whether an event of the stream was seen (a stream that ends without one was refused).
+    seen: bool = False
 
     def parent(self) -> Any:
         """The context a model call or tool call span hangs under."""

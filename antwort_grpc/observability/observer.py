@@ -10,6 +10,7 @@ around the provider, the executors and the store (wrappers.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import trace
@@ -24,6 +25,8 @@ from antwort_grpc.observability.metrics import Metrics
 STREAMING_METHODS = frozenset({"CreateResponse", "Converse"})
 TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled", "requires_action"})
 DELTAS = frozenset({"output_text_delta", "refusal_delta", "reasoning_text_delta", "function_call_arguments_delta"})
+# The other events the observer reads.
+NOTED = TERMINAL | {"created", "hook_failed"}
 S = pb.ResponseStatus
 OPERATION = "invoke_agent"
 
@@ -71,6 +74,29 @@ class Observer:
             "rpc.method": method,
         }
         return attributes
+
+    def looking(self, o: Observation, metadata: Any) -> Callable[[pb.StreamEvent], None]:
+        """What looks at each event of the stream `o` observes (`event`), made once per stream:
+        a delta, most of a stream's events, is counted where it is seen; the few others (the
+        lifecycle, a hook's failure) go on to `event`; the rest is only seen."""
+        which = pb.StreamEvent.WhichOneof
+        deltas, others = DELTAS, NOTED
+        clock = time.perf_counter
+        event_of = self.event
+
+        def see(event: pb.StreamEvent) -> None:
+            kind = which(event, "event")
+            if kind in deltas:
+                # Only the first delta is timed; the last one is the terminal event's moment,
+                # which follows it at once (one clock read per response instead of one per token).
+                if o.first_delta is None:
+                    o.first_delta = clock()
+                o.deltas += 1
+            elif kind in others:
+                event_of(o, event, metadata)
+            o.seen = True
+
+        return see
 
     def event(self, o: Observation, event: pb.StreamEvent, metadata: Any = None) -> None:
         kind = event.WhichOneof("event")
