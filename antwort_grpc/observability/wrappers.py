@@ -216,6 +216,11 @@ class ObservedStore:
         self._inner = inner
         self._metrics = metrics
         self._hist = metrics.store_duration
+        # The two operations of every response (a save when it starts and when it ends; a get
+        # when it continues another): their series looked up once, at the first (a series shows
+        # once it has been observed, as before).
+        self._saved: Any = None
+        self._got: Any = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -225,21 +230,33 @@ class ObservedStore:
         self._metrics.child(self._hist, operation, outcome).observe(time.perf_counter() - started)
 
     async def save(self, record: StoredResponse) -> None:
-        started, ok = time.perf_counter(), False
+        started = time.perf_counter()
         try:
             await self._inner.save(record)
-            ok = True
-        finally:
-            self._record("save", started, ok)
+        except BaseException:
+            self._record("save", started, False)
+            raise
+        saved = self._saved or self._learn("save")
+        saved.observe(time.perf_counter() - started)
 
     async def get(self, response_id: str, owner: str = "") -> StoredResponse | None:
-        started, ok = time.perf_counter(), False
+        started = time.perf_counter()
         try:
             result = await self._inner.get(response_id, owner)
-            ok = True
-            return result
-        finally:
-            self._record("get", started, ok)
+        except BaseException:
+            self._record("get", started, False)
+            raise
+        got = self._got or self._learn("get")
+        got.observe(time.perf_counter() - started)
+        return result
+
+    def _learn(self, operation: str) -> Any:
+        series = self._hist.labels(operation, "success")
+        if operation == "save":
+            self._saved = series
+        else:
+            self._got = series
+        return series
 
     async def delete(self, response_id: str, owner: str = "") -> bool:
         started, ok = time.perf_counter(), False
