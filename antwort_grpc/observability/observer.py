@@ -31,8 +31,12 @@ S = pb.ResponseStatus
 OPERATION = "invoke_agent"
 
 
+# Each status's name in the metrics and the log line, made once.
+STATUS_NAMES = {value: name.removeprefix("RESPONSE_STATUS_").lower() for name, value in S.items()}
+
+
 def status_name(status: int) -> str:
-    return S.Name(status).removeprefix("RESPONSE_STATUS_").lower()
+    return STATUS_NAMES.get(status) or S.Name(status).removeprefix("RESPONSE_STATUS_").lower()
 
 
 class Observer:
@@ -139,7 +143,10 @@ class Observer:
         model = (response.model if response is not None else "") or o.model
         error = response.error.code if response is not None and response.HasField("error") else cut
         usage = response.usage if response is not None else pb.Usage()
-        tool_calls = sum(1 for i in response.output if i.WhichOneof("kind") == "function_call") if response else 0
+        # For the span and the log line only.
+        tool_calls = 0
+        if response is not None and (o.recording or self.log_responses):
+            tool_calls = sum(1 for i in response.output if i.WhichOneof("kind") == "function_call")
         m = self.metrics
         if m is not None:
             m.child(m.responses, status, model).inc()
