@@ -52,9 +52,14 @@ class Lines:
         threading.Thread(target=self._read, name="stdin", daemon=True).start()
 
     def _read(self) -> None:
-        for line in sys.stdin:
-            self._loop.call_soon_threadsafe(self.queue.put_nowait, line.rstrip("\n"))
-        self._loop.call_soon_threadsafe(self.queue.put_nowait, None)
+        try:
+            for line in sys.stdin:
+                self._loop.call_soon_threadsafe(self.queue.put_nowait, line.rstrip("\n"))
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, None)
+        except RuntimeError:
+            # The loop closed first (Ctrl-C ended the client while stdin was still open): no one
+            # reads what comes after, and a traceback from this thread would follow "interrupted".
+            return
 
     def set_prompt(self, text: str) -> None:
         pass
