@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
+
+# A suite started in the background by a non-interactive shell (`make test &`, a CI step run that
+# way) inherits SIGINT ignored, and so would every process it starts: the client's Ctrl-C tests
+# would send a signal their CLI never sees. A Python handler here becomes the default in them.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Node id prefixes (as pytest prints them), and why each is heavy.
 HEAVY = {

@@ -228,9 +228,7 @@ async def test_chat_from_a_pipe_steers_with_slash_steer_asks_for_approval_and_ta
 
 
 async def test_chat_slash_commands_cancel_the_running_answer() -> None:
-    # Long enough (a minute) that however loaded the machine, the answer is still streaming when
-    # the interrupt comes: the test ends it there.
-    slow = Reply(text="A long answer " + "and more " * 3000, delay=0.02)
+    slow = Reply(text="A long answer " + "and more " * 400, delay=0.02)
     async with gateway(slow) as (gw, _):
         chat = await Cli.start("chat", "-t", gw.target)
         await chat.expect(r"you> $")
@@ -317,9 +315,7 @@ async def test_a_follow_up_the_response_ends_before_and_a_follow_without_text_sa
 
 
 async def test_ctrl_c_in_ask_while_the_answer_streams_and_at_the_approval_prompt_is_one_line_and_exit_130() -> None:
-    # Long enough (a minute) that however loaded the machine, the answer is still streaming when
-    # the interrupt comes: the test ends it there.
-    slow = Reply(text="A long answer " + "and more " * 3000, delay=0.02)
+    slow = Reply(text="A long answer " + "and more " * 400, delay=0.02)
     async with gateway(slow, Reply(tool_calls=[PARIS])) as (gw, _):
         streaming = await Cli.start("ask", "-t", gw.target, "Talk.")
         await streaming.expect("A long answer")
