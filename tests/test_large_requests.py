@@ -105,17 +105,21 @@ async def test_unseen_schemas_of_a_large_request_are_checked_in_the_worker_proce
         assert events[-1].WhichOneof("event") == "completed"
 
 
-async def test_a_large_request_runs_with_its_items_and_tools_made_off_the_event_loop(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    made_away: list[str] = []
+@pytest.fixture
+def made_away(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of what the engine hands to its worker thread, in order."""
+    names: list[str] = []
     off_loop = engine_loop.off_loop
 
     async def watched(function: Any, *args: Any, **kwargs: Any) -> Any:
-        made_away.append(function.__name__)
+        names.append(function.__name__)
         return await off_loop(function, *args, **kwargs)
 
     monkeypatch.setattr(engine_loop, "off_loop", watched)
+    return names
+
+
+async def test_a_large_request_runs_with_its_items_and_tools_made_off_the_event_loop(made_away: list[str]) -> None:
     provider = ScriptedProvider([[Text("read them all")]])
     tools = unseen_tools(9, 2, tag="echoed")
     request = pb.CreateResponseRequest(input_items=long_items(300, 10), tools=tools, stream=True)
@@ -139,16 +143,8 @@ async def test_a_large_request_runs_with_its_items_and_tools_made_off_the_event_
 
 
 async def test_lifecycle_events_echoing_large_tools_are_made_off_the_event_loop_and_carry_every_tool(
-    monkeypatch: pytest.MonkeyPatch,
+    made_away: list[str],
 ) -> None:
-    made_away: list[str] = []
-    off_loop = engine_loop.off_loop
-
-    async def watched(function: Any, *args: Any, **kwargs: Any) -> Any:
-        made_away.append(function.__name__)
-        return await off_loop(function, *args, **kwargs)
-
-    monkeypatch.setattr(engine_loop, "off_loop", watched)
     # 12 tools of about 8 KiB: past the bytes that make a lifecycle event costly, under the rest.
     tools = unseen_tools(12, 120, tag="lifecycle")
     assert sum(t.ByteSize() for t in tools) > emitter_module.HEAVY_TOOLS_BYTES
