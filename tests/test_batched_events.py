@@ -5,6 +5,7 @@ the same sequence numbers either way; a client that does not ask gets one event 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import subprocess
 import sys
@@ -14,14 +15,17 @@ from typing import Any
 
 import grpc
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from antwort_grpc import pb
 from antwort_grpc.engine import Engine, EngineConfig
 from antwort_grpc.executors.base import FunctionExecutor
 from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
+from antwort_grpc.providers.scripted import Turn as ScriptedTurn
 from antwort_grpc.responses.service import Responses
-from antwort_grpc.server.batching import batches
+from antwort_grpc.server.batching import batches, parted
 from antwort_grpc.server.servicer import ResponsesServicer
 from antwort_grpc.storage.memory import MemoryStore
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply, ScriptedToolCall
@@ -119,6 +123,24 @@ async def test_events_produced_together_leave_together(fake: FakeOpenAI, provide
     assert_valid_stream(flat(sent))
 
 
+async def test_a_batched_message_stays_small_enough_for_a_client_with_grpc_default_limits(
+    fake: FakeOpenAI, provider: OpenAICompatProvider
+) -> None:
+    # created and in_progress each echo 2.5 MiB of instructions: one message each fits a client's
+    # default receive limit (4 MiB), the two together would not.
+    instructions = "x" * (5 * 1024 * 1024 // 2)
+    fake.add(Reply(text="Noted."))
+    fake.add(Reply(text="Noted."))
+    async with running_gateway(provider=provider) as gw:
+        request = pb.CreateResponseRequest(input_text="Hi", instructions=instructions)
+        one_each = await messages(gw.stub, request, batched=False)
+        batched = await messages(gw.stub, request, batched=True)
+    assert_valid_stream(flat(batched))
+    assert sequence(flat(batched)) == sequence(flat(one_each))
+    assert kinds(batched[0]) == ["created"], "the first event alone fills most of a message"
+    assert len(batched) < len(one_each)
+
+
 async def test_a_converse_session_with_batched_events_runs_one_response_after_another() -> None:
     provider = ScriptedProvider([[Text("first")], [Text("second")]])
     async with running_gateway(provider=provider) as gw:
@@ -157,6 +179,33 @@ async def test_a_client_that_goes_away_while_a_batched_run_waits_leaves_its_resp
         await fake.wait_for_disconnect()
         stored = await gw.store.get(run.response_id)
     assert stored is not None and stored.response.status == S.RESPONSE_STATUS_CANCELLED
+
+
+async def test_a_batched_stream_closed_while_a_message_is_written_ends_its_response_cancelled() -> None:
+    # grpc closes the servicer's stream when a write fails (the client reset the stream while
+    # the message was on its way): the run is waiting on the model then, a step of its events
+    # taken by the batching. Closing must end that wait as a cancellation, not fail.
+    hold = asyncio.Event()
+    provider = ScriptedProvider([ScriptedTurn([Text("never")], hold=hold)])
+    store = MemoryStore()
+    engine = Engine(provider, store, EngineConfig(executors=[FunctionExecutor()], default_model="m"))
+    servicer = ResponsesServicer(Responses(engine, store))
+    request = pb.CreateResponseRequest(input_text="Hi", stream=True, batch_events=True)
+    stream = servicer.CreateResponse(request, _Context())
+    first = pb.CreateResponseResponse.FromString((await anext(stream)).SerializeToString())
+    assert kinds(events_of(first)) == ["created", "in_progress", "turn_started"]
+    await provider.holding.wait()
+    await stream.aclose()
+    stored = await store.get(first.events[0].created.response.id)
+    assert stored is not None and stored.response.status == S.RESPONSE_STATUS_CANCELLED
+
+
+class _Context:
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+    def time_remaining(self) -> None:
+        return None
 
 
 def test_the_scenario_tests_pass_with_every_stream_batched() -> None:
@@ -306,3 +355,18 @@ async def test_an_approval_timeout_that_expires_while_a_batch_is_written_denies_
     response = client.events[-1].completed.response
     decision = next(i.approval_response for i in response.output if i.HasField("approval_response"))
     assert not decision.approve and decision.reason == "timeout"
+
+
+@given(st.lists(st.integers(min_value=0, max_value=40)), st.integers(min_value=1, max_value=64))
+def test_a_batch_is_parted_in_order_into_runs_no_larger_than_the_limit_unless_one_event_is(
+    sizes: list[int], limit: int
+) -> None:
+    wires = [bytes([n % 256]) * size for n, size in enumerate(sizes)]
+    parts = parted(wires, limit)
+    assert [wire for part in parts for wire in part] == wires
+    assert all(part for part in parts)
+    for part in parts:
+        assert len(part) == 1 or sum(map(len, part)) <= limit
+    # Parted no more than needed: each run would have gone over the limit with the next one.
+    for part, following in itertools.pairwise(parts):
+        assert sum(map(len, part)) + len(following[0]) > limit

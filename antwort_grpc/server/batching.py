@@ -9,6 +9,11 @@ stepped by hand: each step runs it until it yields an event (that event joins th
 it waits (the batch leaves, and the wait is handed to the task as if the generator had been
 awaited directly: a cancellation reaches it where it waits).
 
+A batch leaves in more than one message when its events together exceed BATCH_BYTES: a client
+that receives every event in a message of its own (gRPC's default limit is 4 MiB a message) then
+receives the batched stream too. created and in_progress each echo the request's instructions and
+tools; the done events of a long answer each carry its whole text.
+
 Known limit: the batch is written while the run already waits. A wait the run makes under
 `asyncio.timeout` cancels the task when it expires; should that happen while a write is still
 blocked (a client that has not read for the whole timeout), the cancellation lands in the write
@@ -26,6 +31,26 @@ from collections.abc import AsyncGenerator, Callable, Generator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+# The most bytes of events one batched message holds, unless a single event is larger (that one
+# leaves alone, as it would unbatched).
+BATCH_BYTES = 1024 * 1024
+
+
+def parted(wires: list[bytes], limit: int) -> list[list[bytes]]:
+    """`wires` in order, in runs of at most `limit` bytes together (a longer one alone)."""
+    parts: list[list[bytes]] = []
+    part: list[bytes] = []
+    size = 0
+    for wire in wires:
+        if part and size + len(wire) > limit:
+            parts.append(part)
+            part, size = [], 0
+        part.append(wire)
+        size += len(wire)
+    if part:
+        parts.append(part)
+    return parts
 
 
 class _Resumed:

@@ -23,7 +23,7 @@ from antwort_grpc.responses.controls import validate_control
 from antwort_grpc.responses.durable import idempotency_key
 from antwort_grpc.responses.service import Responses, rejection
 from antwort_grpc.server import durable_rpc
-from antwort_grpc.server.batching import batches
+from antwort_grpc.server.batching import BATCH_BYTES, batches, parted
 from antwort_grpc.server.decode import EventBatch, EventMessage, request_bytes, reservation
 from antwort_grpc.server.durable_rpc import wants_durable
 
@@ -74,8 +74,10 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
                     observing = watch.observing
                     try:
                         if request.stream and request.batch_events:
-                            async for message in _batched(events, run, _CREATE_EVENTS, watch):
-                                yield message
+                            # Closed before `events`: until then it may hold a step of it.
+                            async with contextlib.aclosing(_batched(events, run, _CREATE_EVENTS, watch)) as batched:
+                                async for message in batched:
+                                    yield message
                         elif request.stream:
                             async for event in events:
                                 if observing:
@@ -364,7 +366,8 @@ class _Session:
                 if _is_terminal(batch[-1]):
                     self._ended(admitted)
                 async with self.writing:
-                    await self.context.write(_batch_message(batch, run, _CONVERSE_EVENTS))
+                    for message in _batch_messages(batch, run, _CONVERSE_EVENTS):
+                        await self.context.write(message)
 
     def _ended(self, admitted: Reservation) -> None:
         """The response's terminal event is about to be written. The client may send its next
@@ -483,7 +486,7 @@ _CONVERSE_EVENTS: int = pb.ConverseResponse.DESCRIPTOR.fields_by_name["events"].
 
 async def _batched(
     events: AsyncGenerator[pb.StreamEvent, None], run: Run, field: int, watch: Watch
-) -> AsyncIterator[EventMessage | EventBatch]:
+) -> AsyncGenerator[EventMessage | EventBatch, None]:
     """The events of `run` in messages of those produced at the same moment (batch_events)."""
     observing = watch.observing
     async with contextlib.aclosing(batches(events, lambda: run.ended, _is_terminal)) as batched:
@@ -491,13 +494,21 @@ async def _batched(
             if observing:
                 for event in batch:
                     watch.saw(event)
-            yield _batch_message(batch, run, field)
+            for message in _batch_messages(batch, run, field):
+                yield message
 
 
-def _batch_message(batch: list[pb.StreamEvent], run: Run, field: int) -> EventMessage | EventBatch:
+def _batch_messages(batch: list[pb.StreamEvent], run: Run, field: int) -> list[EventMessage | EventBatch]:
+    """A batch in as few messages as BATCH_BYTES allows (one, unless its events are large)."""
     if len(batch) == 1:
-        return _message(batch[0], run)
-    return EventBatch([run.take_wire(event) or event.SerializeToString() for event in batch], field)
+        return [_message(batch[0], run)]
+    wires = [run.take_wire(event) or event.SerializeToString() for event in batch]
+    if sum(map(len, wires)) <= BATCH_BYTES:
+        return [EventBatch(wires, field)]
+    return [
+        EventBatch(part, field) if len(part) > 1 else EventMessage(durable_rpc.FROM_WIRE, part[0])
+        for part in parted(wires, BATCH_BYTES)
+    ]
 
 
 def _message(event: pb.StreamEvent, run: Run) -> EventMessage:
