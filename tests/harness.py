@@ -88,7 +88,7 @@ async def collect(call: Any) -> list[pb.StreamEvent]:
 
 def events_of(message: Any) -> list[pb.StreamEvent]:
     """The events a CreateResponseResponse or ConverseResponse carries: its `event`, or its batch
-    (two or more, and then no `event`); an AttachResponseResponse carries one event each."""
+    (two or more, and then no `event`), alike for every stream's message."""
     if "events" not in message.DESCRIPTOR.fields_by_name or not message.events:
         return [message.event] if message.HasField("event") else []
     assert not message.HasField("event"), "a batch and an event in one message"

@@ -26,6 +26,7 @@ from tests.harness import (
     assert_valid_reattachment,
     assert_valid_stream,
     collect,
+    events_of,
     function_tool,
     kind,
     kinds,
@@ -114,6 +115,42 @@ async def test_dropping_a_background_stream_does_not_cancel_it_and_attach_reads_
     assert await attach(gw, response_of(seen[0]).id) == seen + rest
 
 
+async def test_a_batched_attach_replays_the_same_events_in_far_fewer_messages(
+    fake: FakeOpenAI, gw: GatewayClient
+) -> None:
+    fake.add(SLOW)  # 60 words a little apart: a delta event each
+    created = await collect(gw.stub.CreateResponse(background("talk")))
+    response_id = response_of(created[0]).id
+    await poll_until_ended(gw, response_id)
+    one_each = [m async for m in gw.stub.AttachResponse(pb.AttachResponseRequest(response_id=response_id))]
+    request = pb.AttachResponseRequest(response_id=response_id, batch_events=True)
+    batched = [events_of(m) async for m in gw.stub.AttachResponse(request)]
+    assert all(m.HasField("event") and not m.events for m in one_each)
+    replayed = [event for message in batched for event in message]
+    assert replayed == [m.event for m in one_each]
+    assert_valid_stream(replayed)
+    assert len(one_each) > 60 and len(batched) == 1, "the log read in one page leaves in one message"
+    # From a sequence number on, the same: only what comes after it.
+    request.starting_after = 10
+    rest = [event async for m in gw.stub.AttachResponse(request) for event in events_of(m)]
+    assert rest == replayed[10:]
+
+
+async def test_a_batched_background_stream_follows_the_run_in_batches_and_attach_reads_on(
+    fake: FakeOpenAI, gw: GatewayClient
+) -> None:
+    fake.add(SLOW)
+    request = background("talk", stream=True)
+    request.batch_events = True
+    sent = [events_of(m) async for m in gw.stub.CreateResponse(request)]
+    streamed = [event for message in sent for event in message]
+    assert_valid_stream(streamed)
+    assert kind(streamed[-1]) == "completed"
+    assert len(sent) < len(streamed), "events appended to the log together leave together"
+    attach_request = pb.AttachResponseRequest(response_id=response_of(streamed[0]).id, batch_events=True)
+    assert [e async for m in gw.stub.AttachResponse(attach_request) for e in events_of(m)] == streamed
+
+
 async def test_cancel_stops_a_background_run_and_cancelling_again_returns_it(
     fake: FakeOpenAI, gw: GatewayClient
 ) -> None:
@@ -181,6 +218,19 @@ async def test_a_retried_create_with_the_same_idempotency_key_is_one_response_an
     assert_valid_stream(replayed)
     assert response_of(replayed[-1]) == done
     assert len(fake.chat_requests) == 1
+
+
+async def test_a_streamed_create_with_an_idempotency_key_batches_its_events_when_asked(
+    fake: FakeOpenAI, gw: GatewayClient
+) -> None:
+    fake.add(Reply(text="Charged."))
+    request = user("charge the card")
+    request.stream, request.batch_events = True, True
+    sent = [events_of(m) async for m in gw.stub.CreateResponse(request, metadata=(("idempotency-key", "k-1"),))]
+    events = [event for message in sent for event in message]
+    assert_valid_stream(events)
+    assert kinds(sent[0]) == ["created", "in_progress", "turn_started"]
+    assert kind(events[-1]) == "completed" and len(sent) < len(events)
 
 
 async def test_the_same_idempotency_key_with_another_request_is_refused_naming_the_key(

@@ -311,7 +311,7 @@ class Session:
     async def attach(self, response_id: str, after: int = 0) -> pb.Response:
         """Follow a response already running (a background one) from after sequence number
         `after`; approvals and typed lines act on it as on one started here."""
-        attach = pb.AttachResponseRequest(response_id=response_id, starting_after=after)
+        attach = pb.AttachResponseRequest(response_id=response_id, starting_after=after, batch_events=True)
         return await self.follow(pb.ConverseRequest(attach=attach))
 
     async def follow(self, first: pb.ConverseRequest) -> pb.Response:

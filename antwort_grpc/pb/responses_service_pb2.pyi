@@ -213,18 +213,22 @@ class ConverseResponse(_message.Message):
     def __init__(self, event: _Optional[_Union[_event_pb2.StreamEvent, _Mapping]] = ..., rejected: _Optional[_Union[_control_pb2.ControlRejected, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_event_pb2.StreamEvent, _Mapping]]] = ...) -> None: ...
 
 class AttachResponseRequest(_message.Message):
-    __slots__ = ("response_id", "starting_after")
+    __slots__ = ("response_id", "starting_after", "batch_events")
     RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
     STARTING_AFTER_FIELD_NUMBER: _ClassVar[int]
+    BATCH_EVENTS_FIELD_NUMBER: _ClassVar[int]
     response_id: str
     starting_after: int
-    def __init__(self, response_id: _Optional[str] = ..., starting_after: _Optional[int] = ...) -> None: ...
+    batch_events: bool
+    def __init__(self, response_id: _Optional[str] = ..., starting_after: _Optional[int] = ..., batch_events: _Optional[bool] = ...) -> None: ...
 
 class AttachResponseResponse(_message.Message):
-    __slots__ = ("event",)
+    __slots__ = ("event", "events")
     EVENT_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
     event: _event_pb2.StreamEvent
-    def __init__(self, event: _Optional[_Union[_event_pb2.StreamEvent, _Mapping]] = ...) -> None: ...
+    events: _containers.RepeatedCompositeFieldContainer[_event_pb2.StreamEvent]
+    def __init__(self, event: _Optional[_Union[_event_pb2.StreamEvent, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_event_pb2.StreamEvent, _Mapping]]] = ...) -> None: ...
 
 class ControlResponseRequest(_message.Message):
     __slots__ = ("response_id", "control")

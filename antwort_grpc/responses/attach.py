@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
 
@@ -68,6 +68,16 @@ async def check_attach(
 
 async def follow(runlog: RunLog, response_id: str, owner: str, starting_after: int) -> AsyncIterator[tuple[int, bytes]]:
     """(sequence number, event bytes) after `starting_after`, to the terminal event."""
+    async for page in follow_pages(runlog, response_id, owner, starting_after):
+        for event in page:
+            yield event
+
+
+async def follow_pages(
+    runlog: RunLog, response_id: str, owner: str, starting_after: int
+) -> AsyncGenerator[list[tuple[int, bytes]], None]:
+    """`follow`'s events in the pages they were read in (none empty): the replay up to PAGE
+    at a time, then what each of the run's flushes appended."""
     appended = asyncio.Event()
     unwatch = runlog.watch(response_id, appended.set)
     cursor = starting_after
@@ -75,10 +85,10 @@ async def follow(runlog: RunLog, response_id: str, owner: str, starting_after: i
         while True:
             appended.clear()
             page = await runlog.events(response_id, cursor, PAGE)
-            for seq, data in page:
-                if seq > cursor:
-                    cursor = seq
-                    yield seq, data
+            fresh = [(seq, data) for seq, data in page if seq > cursor]
+            if fresh:
+                cursor = fresh[-1][0]
+                yield fresh
             if len(page) == PAGE:
                 continue
             state = await _state(runlog, response_id, owner)

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import hashlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 import grpc
@@ -22,7 +22,7 @@ from antwort_grpc import ids, pb
 from antwort_grpc.engine.run import Run
 from antwort_grpc.errors import RESOURCE_TYPES, FieldViolation, RequestError, Resource, invalid_argument
 from antwort_grpc.hooks.service import Caller
-from antwort_grpc.responses.attach import check_attach, follow
+from antwort_grpc.responses.attach import check_attach, follow, follow_pages
 from antwort_grpc.responses.background import Background, DurableSettings, Runner, snapshot
 from antwort_grpc.responses.service import Responses
 from antwort_grpc.storage.base import RUNNING
@@ -180,6 +180,11 @@ class Durability:
 
     def follow(self, response_id: str, owner: str, starting_after: int) -> AsyncIterator[tuple[int, bytes]]:
         return follow(self.runlog, response_id, owner, starting_after)
+
+    def follow_pages(
+        self, response_id: str, owner: str, starting_after: int
+    ) -> AsyncGenerator[list[tuple[int, bytes]], None]:
+        return follow_pages(self.runlog, response_id, owner, starting_after)
 
     async def ended(self, response_id: str, owner: str) -> pb.Response:
         """The response once it is no longer running (a retried create that is not background)."""

@@ -3,6 +3,7 @@ CreateResponse, and AttachResponse. Events read from the log go out as the bytes
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -16,9 +17,7 @@ from antwort_grpc.hooks.service import Caller
 from antwort_grpc.responses.background import Runner
 from antwort_grpc.responses.durable import IDEMPOTENCY_KEY, Durability, snapshot
 from antwort_grpc.server.decode import EventMessage
-
-# Stands in for the event of a message written from its bytes (EventMessage writes `wire`).
-FROM_WIRE = pb.StreamEvent()
+from antwort_grpc.server.event_messages import CREATE_EVENTS, Message, batched_messages, logged_messages
 
 
 class Admitted:
@@ -74,13 +73,13 @@ async def durable_create(
     caller: Caller | None,
     watch: Watch,
     admitted: Admitted | None = None,
-) -> AsyncGenerator[EventMessage, None]:
+) -> AsyncGenerator[Message, None]:
     begun = await durable.begin(request, owner=owner, key=key, timeout=timeout, caller=caller)
     if begun.runner is not None and admitted is not None:
         admitted.keep_until(begun.runner)
     if begun.run is not None and begun.runner is None:
         # An idempotent create that is not background: the connection owns it, as any create.
-        async for message in owned(begun.run, request.stream, watch):
+        async for message in owned(begun.run, request, watch):
             yield message
         return
     if begun.runner is not None and not request.stream:
@@ -89,7 +88,8 @@ async def durable_create(
         yield EventMessage(event, wire)
         return
     if request.stream and begun.logged:
-        async for message in attached(durable, begun.response_id, owner, 0, watch):
+        field = CREATE_EVENTS if request.batch_events else None
+        async for message in attached(durable, begun.response_id, owner, 0, watch, field):
             yield message
         return
     # A retried non-streaming create, or one that is not background: the response as stored (it
@@ -104,9 +104,16 @@ async def durable_create(
     yield EventMessage(event)
 
 
-async def owned(run: Run, stream: bool, watch: Watch) -> AsyncGenerator[EventMessage, None]:
+async def owned(run: Run, request: pb.CreateResponseRequest, watch: Watch) -> AsyncGenerator[Message, None]:
     events = run.events()
+    stream = request.stream
     try:
+        if stream and request.batch_events:
+            batched = batched_messages(events, run, CREATE_EVENTS, watch)
+            async with contextlib.aclosing(batched):
+                async for message in batched:
+                    yield message
+            return
         last = None
         async for event in events:
             watch.saw(event)
@@ -120,11 +127,16 @@ async def owned(run: Run, stream: bool, watch: Watch) -> AsyncGenerator[EventMes
 
 
 async def attached(
-    durable: Durability, response_id: str, owner: str, starting_after: int, watch: Watch
-) -> AsyncGenerator[EventMessage, None]:
-    """The log's events after `starting_after`, to the terminal one (checked first)."""
+    durable: Durability, response_id: str, owner: str, starting_after: int, watch: Watch, field: int | None = None
+) -> AsyncGenerator[Message, None]:
+    """The log's events after `starting_after`, to the terminal one (checked first). With
+    `field` (batch_events), the events read together leave together, in that field."""
     await durable.attach_check(response_id, owner, starting_after)
-    async for _seq, data in durable.follow(response_id, owner, starting_after):
-        if watch.observing:
-            watch.saw(pb.StreamEvent.FromString(data))
-        yield EventMessage(FROM_WIRE, data)
+    pages = durable.follow_pages(response_id, owner, starting_after)
+    messages = logged_messages(pages, field, watch)
+    try:
+        async for message in messages:
+            yield message
+    finally:
+        await messages.aclose()
+        await pages.aclose()

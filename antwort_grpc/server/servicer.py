@@ -23,9 +23,19 @@ from antwort_grpc.responses.controls import validate_control
 from antwort_grpc.responses.durable import idempotency_key
 from antwort_grpc.responses.service import Responses, rejection
 from antwort_grpc.server import durable_rpc
-from antwort_grpc.server.batching import BATCH_BYTES, batches, parted
+from antwort_grpc.server.batching import batches
 from antwort_grpc.server.decode import EventBatch, EventMessage, request_bytes, reservation
 from antwort_grpc.server.durable_rpc import wants_durable
+from antwort_grpc.server.event_messages import (
+    ATTACH_EVENTS,
+    CONVERSE_EVENTS,
+    CREATE_EVENTS,
+    batch_messages,
+    batched_messages,
+    is_terminal,
+    logged_messages,
+    one_message,
+)
 
 # grpc ships no type information: the servicer context is untyped.
 Context: TypeAlias = Any
@@ -75,14 +85,15 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
                     try:
                         if request.stream and request.batch_events:
                             # Closed before `events`: until then it may hold a step of it.
-                            async with contextlib.aclosing(_batched(events, run, _CREATE_EVENTS, watch)) as batched:
+                            batched = batched_messages(events, run, CREATE_EVENTS, watch)
+                            async with contextlib.aclosing(batched):
                                 async for message in batched:
                                     yield message
                         elif request.stream:
                             async for event in events:
                                 if observing:
                                     watch.saw(event)
-                                yield _message(event, run)
+                                yield one_message(event, run)
                         else:
                             # One code path: drain the same stream, send only the terminal event.
                             last = None
@@ -91,7 +102,7 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
                                     watch.saw(event)
                                 last = event
                             assert last is not None
-                            yield _message(last, run)
+                            yield one_message(last, run)
                         watch.ended()
                     finally:
                         await events.aclose()
@@ -100,7 +111,7 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
 
     async def _durable_create(
         self, request: pb.CreateResponseRequest, context: Context, metadata: Any
-    ) -> AsyncIterator[EventMessage]:
+    ) -> AsyncIterator[EventMessage | EventBatch]:
         """A background create, or one with an idempotency key (server/durable_rpc.py)."""
         try:
             async with self.edge.stream("CreateResponse", current_identity.get(), metadata) as watch:
@@ -140,7 +151,7 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
 
     async def AttachResponse(
         self, request: pb.AttachResponseRequest, context: Context
-    ) -> AsyncIterator[EventMessage]:  # an AttachResponseResponse on the wire
+    ) -> AsyncIterator[EventMessage | EventBatch]:  # an AttachResponseResponse on the wire
         metadata = context.invocation_metadata() or ()
         try:
             # An attach reads a run that counts already (while it runs): it takes no slot of the
@@ -149,8 +160,9 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
                 durable = self.responses.durable
                 if durable is None:
                     raise durable_rpc.unavailable()
+                field = ATTACH_EVENTS if request.batch_events else None
                 messages = durable_rpc.attached(
-                    durable, request.response_id, owner_of(context), request.starting_after, watch
+                    durable, request.response_id, owner_of(context), request.starting_after, watch, field
                 )
                 async with contextlib.aclosing(messages):
                     async for message in messages:
@@ -310,15 +322,17 @@ class _Session:
             self.watch.refused(err)
             await abort(self.context, err)
             return
+        field = CONVERSE_EVENTS if request.batch_events else None
+        pages = durable.follow_pages(request.response_id, self.owner, request.starting_after)
+        messages = logged_messages(pages, field, None)
         try:
-            async with contextlib.aclosing(
-                durable.follow(request.response_id, self.owner, request.starting_after)
-            ) as events:
-                async for _seq, data in events:
-                    async with self.writing:
-                        await self.context.write(EventMessage(durable_rpc.FROM_WIRE, data))
+            async for message in messages:
+                async with self.writing:
+                    await self.context.write(message)
         finally:
             self.attached = None
+            await messages.aclose()
+            await pages.aclose()
 
     async def _next(self, idle_timeout: float) -> Create | RequestError | pb.AttachResponseRequest | None:
         """What the reader hands over next; an idle_timeout error when nothing comes in time."""
@@ -349,7 +363,7 @@ class _Session:
                     return
                 async for event in events:
                     self.watch.saw(event)
-                    if event.WhichOneof("event") in _TERMINAL:
+                    if is_terminal(event):
                         self._ended(admitted)
                     async with self.writing:
                         await self.context.write(EventMessage(event, run.take_wire(event)))
@@ -359,14 +373,14 @@ class _Session:
     async def _stream_batched(
         self, run: Run, events: AsyncGenerator[pb.StreamEvent, None], admitted: Reservation
     ) -> None:
-        async with contextlib.aclosing(batches(events, lambda: run.ended, _is_terminal)) as batched:
+        async with contextlib.aclosing(batches(events, lambda: run.ended, is_terminal)) as batched:
             async for batch in batched:
                 for event in batch:
                     self.watch.saw(event)
-                if _is_terminal(batch[-1]):
+                if is_terminal(batch[-1]):
                     self._ended(admitted)
                 async with self.writing:
-                    for message in _batch_messages(batch, run, _CONVERSE_EVENTS):
+                    for message in batch_messages(batch, run, CONVERSE_EVENTS):
                         await self.context.write(message)
 
     def _ended(self, admitted: Reservation) -> None:
@@ -458,7 +472,6 @@ class _Session:
             await self.context.write(pb.ConverseResponse(rejected=rejection(err)))
 
 
-_TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled", "requires_action"})
 # A session's responses belong to it: a background one starts with CreateResponse, and a session
 # attaches to it.
 _NOT_HERE = FieldViolation(
@@ -473,44 +486,3 @@ def _busy() -> RequestError:
         [FieldViolation("create", "a response is still running on this stream")],
         "response_in_progress",
     )
-
-
-def _is_terminal(event: pb.StreamEvent) -> bool:
-    return event.WhichOneof("event") in _TERMINAL
-
-
-# The `events` field of CreateResponseResponse and of ConverseResponse.
-_CREATE_EVENTS: int = pb.CreateResponseResponse.DESCRIPTOR.fields_by_name["events"].number
-_CONVERSE_EVENTS: int = pb.ConverseResponse.DESCRIPTOR.fields_by_name["events"].number
-
-
-async def _batched(
-    events: AsyncGenerator[pb.StreamEvent, None], run: Run, field: int, watch: Watch
-) -> AsyncGenerator[EventMessage | EventBatch, None]:
-    """The events of `run` in messages of those produced at the same moment (batch_events)."""
-    observing = watch.observing
-    async with contextlib.aclosing(batches(events, lambda: run.ended, _is_terminal)) as batched:
-        async for batch in batched:
-            if observing:
-                for event in batch:
-                    watch.saw(event)
-            for message in _batch_messages(batch, run, field):
-                yield message
-
-
-def _batch_messages(batch: list[pb.StreamEvent], run: Run, field: int) -> list[EventMessage | EventBatch]:
-    """A batch in as few messages as BATCH_BYTES allows (one, unless its events are large)."""
-    if len(batch) == 1:
-        return [_message(batch[0], run)]
-    wires = [run.take_wire(event) or event.SerializeToString() for event in batch]
-    if sum(map(len, wires)) <= BATCH_BYTES:
-        return [EventBatch(wires, field)]
-    return [
-        EventBatch(part, field) if len(part) > 1 else EventMessage(durable_rpc.FROM_WIRE, part[0])
-        for part in parted(wires, BATCH_BYTES)
-    ]
-
-
-def _message(event: pb.StreamEvent, run: Run) -> EventMessage:
-    # A lifecycle event is written as the engine serialized it (its Response once, not again).
-    return EventMessage(event, run.take_wire(event))

@@ -46,7 +46,8 @@ func reattach(client antwortv1.ResponsesServiceClient) error {
 	drop() // the stream is gone; the background run is not
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	attached, err := client.AttachResponse(ctx, &antwortv1.AttachResponseRequest{ResponseId: id, StartingAfter: last})
+	// The events the log gives back together (the replay, a turn's flush) in one message each.
+	attached, err := client.AttachResponse(ctx, &antwortv1.AttachResponseRequest{ResponseId: id, StartingAfter: last, BatchEvents: true})
 	if err != nil {
 		return err
 	}
@@ -60,16 +61,17 @@ func reattach(client antwortv1.ResponsesServiceClient) error {
 		if err != nil {
 			return err
 		}
-		ev := msg.GetEvent()
-		if ev.GetSequenceNumber() != next {
-			return fmt.Errorf("attach: sequence number %d, expected %d", ev.GetSequenceNumber(), next)
-		}
-		next++
-		if delta := ev.GetOutputTextDelta(); delta != nil {
-			text.WriteString(delta.GetDelta())
-		}
-		if terminal(ev) != nil {
-			end = ev
+		for _, ev := range eventsOf(msg.GetEvents(), msg.GetEvent()) {
+			if ev.GetSequenceNumber() != next {
+				return fmt.Errorf("attach: sequence number %d, expected %d", ev.GetSequenceNumber(), next)
+			}
+			next++
+			if delta := ev.GetOutputTextDelta(); delta != nil {
+				text.WriteString(delta.GetDelta())
+			}
+			if terminal(ev) != nil {
+				end = ev
+			}
 		}
 	}
 	if end == nil {

@@ -21,7 +21,7 @@ from antwort_grpc import pb
 from antwort_grpc.executors.base import ProgressSink
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply, ScriptedToolCall
 from antwort_grpc.tool_services.sdk import ExecutorService, function_tool, serve_executor, text_result
-from tests.harness import assert_valid_reattachment, assert_valid_stream, kinds, response_of, user
+from tests.harness import assert_valid_reattachment, assert_valid_stream, events_of, kinds, response_of, user
 from tests.harness import function_tool as request_tool
 from tests.storage.conftest import empty_database
 from tests.storage.processes import GatewayProcess, gateway_process, get
@@ -148,14 +148,17 @@ async def start_background(gateway: GatewayProcess, request: pb.CreateResponseRe
 class Attached:
     """AttachResponse read in the background."""
 
-    def __init__(self, gateway: GatewayProcess, response_id: str, after: int = 0) -> None:
-        self.call = gateway.stub.AttachResponse(pb.AttachResponseRequest(response_id=response_id, starting_after=after))
+    def __init__(self, gateway: GatewayProcess, response_id: str, after: int = 0, *, batched: bool = False) -> None:
+        request = pb.AttachResponseRequest(response_id=response_id, starting_after=after, batch_events=batched)
+        self.call = gateway.stub.AttachResponse(request)
         self.events: list[pb.StreamEvent] = []
+        self.messages = 0
         self.task = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
         async for message in self.call:
-            self.events.append(message.event)
+            self.messages += 1
+            self.events += events_of(message)
 
     async def finished(self, timeout: float = 30) -> list[pb.StreamEvent]:
         async with asyncio.timeout(timeout):
@@ -193,8 +196,9 @@ def route_held(killed: asyncio.Event, holding: Holding, resumed_hold: asyncio.Ev
 # -- PostgreSQL replicas -----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["one_event_each", "batched"])
 async def test_a_stream_dropped_on_one_replica_is_read_on_from_the_other_exactly_once(
-    postgres_admin_url: str,
+    postgres_admin_url: str, batched: bool
 ) -> None:
     route = lambda body: Reply(text="word " * 40, delay=0.01)  # noqa: E731
     async with AsyncExitStack() as stack:
@@ -212,10 +216,13 @@ async def test_a_stream_dropped_on_one_replica_is_read_on_from_the_other_exactly
                 break
         call.cancel()
         response_id = response_of(seen[0]).id
-        rest = await Attached(b, response_id, after=12).finished()
+        attached = Attached(b, response_id, after=12, batched=batched)
+        rest = await attached.finished()
         assert_valid_reattachment(seen, 12, rest)
         assert response_of(rest[-1]).status == S.RESPONSE_STATUS_COMPLETED
         assert len(fake.chat_requests) == 1
+        if batched:
+            assert attached.messages < len(rest), "events read from the log together leave together"
 
 
 async def test_a_create_retried_on_the_other_replica_with_its_idempotency_key_is_one_response(
