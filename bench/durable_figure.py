@@ -6,6 +6,9 @@
   tests' throwaway cluster (tests/pg.py: fsync off) unless ANTWORT_TEST_POSTGRES_URL names one.
 - `attach_first_event_ms_p50`: AttachResponse → its first replayed event, on a real
   `antwort-grpc serve` (SQLite) holding an ended background response.
+- `attach_replay_cpu_us_per_event`: that gateway's CPU per event replaying a finished log of
+  about 500 events whole, one event per message; `attach_replay_cpu_ratio_batched`: the same
+  with `batch_events` ÷ without.
 - `takeover_s`: kill -9 of the replica running a background response → the `recovered` event on
   a client attached through the other replica (PostgreSQL, lease 2 s): the lease is in it.
 - `handover_s`: SIGTERM of that replica → the `recovered` event (no lease wait).
@@ -112,6 +115,37 @@ async def attach_latency(backend_url: str, attaches: int, results: Results) -> N
                 took.append((time.perf_counter() - started) * 1e3)
                 call.cancel()
             results.add("attach_first_event_ms_p50", percentile(took, 50))
+            await _replay_cost(gateway, max(2, attaches // 10), results)
+
+
+REPLAY_WORDS = 500
+
+
+async def _replay_cost(gateway: Any, replays: int, results: Results) -> None:
+    """A finished log of about 500 events replayed whole, one event per message and batched
+    (AttachResponseRequest.batch_events): the gateway's CPU per replayed event of each."""
+    from bench.backend import model_name
+    from bench.procs import cpu_seconds
+
+    request = pb.CreateResponseRequest(
+        model=model_name(words=REPLAY_WORDS), input_text="talk", background=True,
+        delta_coalescing=pb.DeltaCoalescing(disabled=True),
+    )  # fmt: skip
+    response_id = (await anext(aiter(gateway.stub.CreateResponse(request)))).event.created.response.id
+    every = pb.AttachResponseRequest(response_id=response_id)
+    async with asyncio.timeout(60):
+        events = len([m async for m in gateway.stub.AttachResponse(every)])  # it ends: the log is whole
+    cpu = {}
+    for batched in (False, True):
+        attach = pb.AttachResponseRequest(response_id=response_id, batch_events=batched)
+        before = cpu_seconds(gateway.process.pid)
+        for _ in range(replays):
+            async with asyncio.timeout(60):
+                async for _message in gateway.stub.AttachResponse(attach):
+                    pass
+        cpu[batched] = (cpu_seconds(gateway.process.pid) - before) / replays / events
+    results.add("attach_replay_cpu_us_per_event", cpu[False] * 1e6, "µs")
+    results.add("attach_replay_cpu_ratio_batched", cpu[True] / cpu[False])
 
 
 @contextlib.asynccontextmanager

@@ -148,6 +148,8 @@ ROWS = [
         2,
     ),
     Row("9 durable", "attach_first_event_ms_p50", "AttachResponse → first replayed event, p50 (ms)", "<=", 5),
+    Row("9 durable", "attach_replay_cpu_us_per_event", "replaying a finished log of ~500 events: CPU per event (µs)"),
+    Row("9 durable", "attach_replay_cpu_ratio_batched", "the same with batch_events ÷ one event per message"),
     Row("9 durable", "takeover_s", "kill -9 of the running replica → recovered on the other (s, lease 2 s)", "<=", 3),
     Row("9 durable", "handover_s", "SIGTERM of the running replica → recovered on the other (s)", "<=", 1),
     Row("10 http", "http_stream_cpu_ratio", "gateway CPU per streamed event, HTTP/SSE door ÷ gRPC door", "<=", 1.5),

@@ -37,6 +37,7 @@ KEYS = [
     "jwt_auth_cpu_ratio",
     "background_checkpoint_ms_per_turn_sqlite",
     "attach_first_event_ms_p50",
+    "attach_replay_cpu_ratio_batched",
     "http_stream_cpu_ratio",
     "http_added_latency_p50_ms",
 ]
