@@ -68,9 +68,13 @@ async def check_attach(
 
 async def follow(runlog: RunLog, response_id: str, owner: str, starting_after: int) -> AsyncIterator[tuple[int, bytes]]:
     """(sequence number, event bytes) after `starting_after`, to the terminal event."""
-    async for page in follow_pages(runlog, response_id, owner, starting_after):
-        for event in page:
-            yield event
+    pages = follow_pages(runlog, response_id, owner, starting_after)
+    try:
+        async for page in pages:
+            for event in page:
+                yield event
+    finally:
+        await pages.aclose()  # its watch of the log ends with this reader, not when collected
 
 
 async def follow_pages(
