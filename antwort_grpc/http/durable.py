@@ -14,12 +14,9 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import grpc
-
 from antwort_grpc import pb
 from antwort_grpc.edge import Reservation, Watch
-from antwort_grpc.errors import RequestError
-from antwort_grpc.responses.durable import IDEMPOTENCY_KEY, Begun, Durability, snapshot
+from antwort_grpc.responses.durable import IDEMPOTENCY_KEY, Begun, Durability, unavailable
 
 Events = AsyncGenerator[pb.StreamEvent, None]
 
@@ -27,15 +24,6 @@ Events = AsyncGenerator[pb.StreamEvent, None]
 def wants_durable(background: bool, metadata: list[tuple[str, str]]) -> bool:
     """Whether a create goes the durable way: background, or an `Idempotency-Key` header."""
     return background or any(name == IDEMPOTENCY_KEY for name, _ in metadata)
-
-
-def unavailable() -> RequestError:
-    return RequestError(
-        grpc.StatusCode.FAILED_PRECONDITION,
-        "this gateway's store keeps no event log: background responses and idempotency keys need the "
-        "memory, SQLite or PostgreSQL store",
-        reason="durable_unavailable",
-    )
 
 
 def durability(responses: Any) -> Durability:
@@ -78,12 +66,7 @@ async def begun_events(durable: Durability, begun: Begun, stream: bool, owner: s
             yield event
         return
     # A retried create: the response as stored (one that is not background: once it ended).
-    if begun.logged:
-        record = await durable.responses.store.get(begun.response_id, owner)
-        response = record.response if record is not None else pb.Response()
-    else:
-        response = await durable.ended(begun.response_id, owner)
-    yield snapshot(response)
+    yield await durable.stored_answer(begun, owner)
 
 
 async def attached(durable: Durability, response_id: str, owner: str, starting_after: int) -> Events:

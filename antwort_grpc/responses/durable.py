@@ -38,6 +38,16 @@ _KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 END_POLL = (0.01, 0.5)
 
 
+def unavailable() -> RequestError:
+    """What a durable create or an attach meets on a gateway whose store keeps no event log."""
+    return RequestError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "this gateway's store keeps no event log: background responses and idempotency keys need the "
+        "memory, SQLite or PostgreSQL store",
+        reason="durable_unavailable",
+    )
+
+
 def idempotency_key(metadata: object) -> str | None:
     """The create's idempotency key (None: it has none); INVALID_ARGUMENT when malformed."""
     for entry in metadata or ():  # type: ignore[attr-defined]
@@ -185,6 +195,16 @@ class Durability:
         self, response_id: str, owner: str, starting_after: int
     ) -> AsyncGenerator[list[tuple[int, bytes]], None]:
         return follow_pages(self.runlog, response_id, owner, starting_after)
+
+    async def stored_answer(self, begun: Begun, owner: str) -> pb.StreamEvent:
+        """What a retried create that neither streams its log nor owns a run answers: the
+        response as stored (one that is not background: once it ended), as its terminal event."""
+        if begun.logged:
+            record = await self.responses.store.get(begun.response_id, owner)
+            response = record.response if record is not None else pb.Response()
+        else:
+            response = await self.ended(begun.response_id, owner)
+        return snapshot(response)
 
     async def ended(self, response_id: str, owner: str) -> pb.Response:
         """The response once it is no longer running (a retried create that is not background)."""

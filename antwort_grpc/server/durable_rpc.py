@@ -7,15 +7,12 @@ import contextlib
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import grpc
-
 from antwort_grpc import pb
 from antwort_grpc.edge import Reservation, Watch
 from antwort_grpc.engine.run import Run
-from antwort_grpc.errors import RequestError
 from antwort_grpc.hooks.service import Caller
 from antwort_grpc.responses.background import Runner
-from antwort_grpc.responses.durable import IDEMPOTENCY_KEY, Durability, snapshot
+from antwort_grpc.responses.durable import IDEMPOTENCY_KEY, Durability
 from antwort_grpc.server.decode import EventMessage
 from antwort_grpc.server.event_messages import CREATE_EVENTS, Message, batched_messages, logged_messages
 
@@ -54,15 +51,6 @@ def wants_durable(request: pb.CreateResponseRequest, metadata: Any) -> bool:
     return False
 
 
-def unavailable() -> RequestError:
-    return RequestError(
-        grpc.StatusCode.FAILED_PRECONDITION,
-        "this gateway's store keeps no event log: background responses and idempotency keys need the "
-        "memory, SQLite or PostgreSQL store",
-        reason="durable_unavailable",
-    )
-
-
 async def durable_create(
     durable: Durability,
     request: pb.CreateResponseRequest,
@@ -94,12 +82,7 @@ async def durable_create(
         return
     # A retried non-streaming create, or one that is not background: the response as stored (it
     # ended, for one that is not background: its retry waits for that).
-    if begun.logged:
-        record = await durable.responses.store.get(begun.response_id, owner)
-        response = record.response if record is not None else pb.Response()
-    else:
-        response = await durable.ended(begun.response_id, owner)
-    event = snapshot(response)
+    event = await durable.stored_answer(begun, owner)
     watch.saw(event)
     yield EventMessage(event)
 

@@ -20,7 +20,7 @@ from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.grpc_status import abort
 from antwort_grpc.hooks.service import Caller
 from antwort_grpc.responses.controls import validate_control
-from antwort_grpc.responses.durable import idempotency_key
+from antwort_grpc.responses.durable import idempotency_key, unavailable
 from antwort_grpc.responses.service import Responses, rejection
 from antwort_grpc.server import durable_rpc
 from antwort_grpc.server.batching import batches
@@ -117,7 +117,7 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
             async with self.edge.stream("CreateResponse", current_identity.get(), metadata) as watch:
                 durable = self.responses.durable
                 if durable is None:
-                    raise durable_rpc.unavailable()
+                    raise unavailable()
                 # Admitted as any create; a background run keeps its room, and its slot of the
                 # principal's limit, until it ends.
                 reserved = reservation.get()
@@ -159,7 +159,7 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
             async with self.edge.stream("AttachResponse", current_identity.get(), metadata, limited=False) as watch:
                 durable = self.responses.durable
                 if durable is None:
-                    raise durable_rpc.unavailable()
+                    raise unavailable()
                 field = ATTACH_EVENTS if request.batch_events else None
                 messages = durable_rpc.attached(
                     durable, request.response_id, owner_of(context), request.starting_after, watch, field
@@ -315,7 +315,7 @@ class _Session:
         durable = self.responses.durable
         try:
             if durable is None:
-                raise durable_rpc.unavailable()
+                raise unavailable()
             await durable.attach_check(request.response_id, self.owner, request.starting_after)
         except RequestError as err:
             self.attached = None
