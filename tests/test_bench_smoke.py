@@ -18,6 +18,7 @@ KEYS = [
     "added_latency_p50_ms",
     "added_latency_p99_ms",
     "added_ttfe_ms",
+    "added_ttfe_over_floor_ms",
     "gateway_cpu_ms_per_request",
     "throughput_ratio_c1",
     "throughput_ratio_c32",
