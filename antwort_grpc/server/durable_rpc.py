@@ -115,11 +115,7 @@ async def attached(
     """The log's events after `starting_after`, to the terminal one (checked first). With
     `field` (batch_events), the events read together leave together, in that field."""
     await durable.attach_check(response_id, owner, starting_after)
-    pages = durable.follow_pages(response_id, owner, starting_after)
-    messages = logged_messages(pages, field, watch)
-    try:
+    messages = logged_messages(durable.follow_pages(response_id, owner, starting_after), field, watch)
+    async with contextlib.aclosing(messages):
         async for message in messages:
             yield message
-    finally:
-        await messages.aclose()
-        await pages.aclose()

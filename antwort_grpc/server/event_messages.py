@@ -5,7 +5,7 @@ and for events read back from a background response's log."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 
 from antwort_grpc import pb
 from antwort_grpc.edge import Watch
@@ -68,20 +68,22 @@ def wire_messages(wires: list[bytes], field: int) -> list[Message]:
 
 
 async def logged_messages(
-    pages: AsyncIterator[list[tuple[int, bytes]]], field: int | None, watch: Watch | None
+    pages: AsyncGenerator[list[tuple[int, bytes]], None], field: int | None, watch: Watch | None
 ) -> AsyncGenerator[Message, None]:
     """Events read from a log, page by page: one message each, or with `field` (batch_events)
-    each page's events together. `watch` sees each event (None: not observed here)."""
+    each page's events together. `watch` sees each event (None: not observed here). Closing it
+    closes `pages` (the reader's watch of the log)."""
     observing = watch is not None and watch.observing
-    async for page in pages:
-        wires = [data for _seq, data in page]
-        if observing:
-            assert watch is not None
-            for data in wires:
-                watch.saw(pb.StreamEvent.FromString(data))
-        if field is None:
-            for data in wires:
-                yield EventMessage(FROM_WIRE, data)
-        else:
-            for message in wire_messages(wires, field):
-                yield message
+    async with contextlib.aclosing(pages):
+        async for page in pages:
+            wires = [data for _seq, data in page]
+            if observing:
+                assert watch is not None
+                for data in wires:
+                    watch.saw(pb.StreamEvent.FromString(data))
+            if field is None:
+                for data in wires:
+                    yield EventMessage(FROM_WIRE, data)
+            else:
+                for message in wire_messages(wires, field):
+                    yield message

@@ -324,15 +324,13 @@ class _Session:
             return
         field = CONVERSE_EVENTS if request.batch_events else None
         pages = durable.follow_pages(request.response_id, self.owner, request.starting_after)
-        messages = logged_messages(pages, field, None)
         try:
-            async for message in messages:
-                async with self.writing:
-                    await self.context.write(message)
+            async with contextlib.aclosing(logged_messages(pages, field, None)) as messages:
+                async for message in messages:
+                    async with self.writing:
+                        await self.context.write(message)
         finally:
             self.attached = None
-            await messages.aclose()
-            await pages.aclose()
 
     async def _next(self, idle_timeout: float) -> Create | RequestError | pb.AttachResponseRequest | None:
         """What the reader hands over next; an idle_timeout error when nothing comes in time."""
