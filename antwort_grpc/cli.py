@@ -128,7 +128,7 @@ def _serve(args: argparse.Namespace) -> int:
     if "http_listen" in settings.model_fields_set and settings.http_listen.strip().lower() not in ("", "off"):
         # A set HTTP address must bind (its default may be taken: the door is then off).
         check_listen(settings.http_listen, "--http-listen / ANTWORT_HTTP_LISTEN")
-    from antwort_grpc.server.serve import serve
+    from antwort_grpc.gateway import serve
 
     try:
         event_loop.run(serve(settings), _loop_for(settings))

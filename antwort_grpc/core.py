@@ -2,8 +2,9 @@
 
 `assemble` opens the parts that hold resources (store, model backend, remote executors);
 `build_core` puts the rest around them — observation, hooks, the engine, the responses layer, the
-neutral edge (identity, admission, observation) and the cross-replica wiring — so a front door
-(the gRPC server in server/app.py) only adapts requests, errors and streams.
+neutral edge (identity, admission, observation), the front every door calls and the cross-replica
+wiring — so a door (server/ for gRPC, http/ for HTTP/SSE) only adapts requests, errors and
+streams. The process root (gateway.py) calls both and opens the doors.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from antwort_grpc.edge import Admission, ConcurrencyLimit, Edge
 from antwort_grpc.engine import Engine, EngineConfig
 from antwort_grpc.engine.budget import ServerLimits
 from antwort_grpc.executors.base import FunctionExecutor, ToolExecutor
+from antwort_grpc.front import Front
 from antwort_grpc.hooks import Dispatcher, build_hooks
 from antwort_grpc.observability import Observability
 from antwort_grpc.providers.base import Provider, capabilities_of
@@ -115,6 +117,8 @@ class Core:
     unsubscribe: list[Callable[[], None]] = field(default_factory=list)
     # Background responses and idempotency keys; None with a store that keeps no run log.
     durable: Durability | None = None
+    # The one entry per request every door calls (front/).
+    front: Front = field(init=False)
 
     def start(self) -> None:
         """Controls and cancels sent on any replica (or through the store) reach the runs here;
@@ -181,6 +185,7 @@ async def build_core(settings: GatewaySettings, parts: Parts) -> Core:
         core.durable = responses.durable = Durability(responses, runlog, durable_settings(settings))
         # A run taken over from another replica counts against this one's admission.
         core.durable.background.admits = edge
+    core.front = Front(responses, edge, core.durable, settings.converse_idle_timeout)
     return core
 
 

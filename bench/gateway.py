@@ -38,8 +38,8 @@ from antwort_grpc.providers.base import (
     TurnEnd,
     TurnRequest,
 )
-from antwort_grpc.server.app import start_gateway
-from antwort_grpc.server.serve import tune_gc
+from antwort_grpc.gateway import start_gateway
+from antwort_grpc.gateway import tune_gc
 from antwort_grpc.storage.memory import MemoryStore
 from bench.procs import until_stopped
 
@@ -156,7 +156,7 @@ async def _serve(args: argparse.Namespace) -> None:
     if args.http_listen:
         from antwort_grpc.http.door import HttpDoor
 
-        door = HttpDoor(gateway.core)
+        door = HttpDoor(gateway.core.front)
         await door.start(args.http_listen)
     if not args.default_gc:
         tune_gc()  # as `antwort-grpc serve` does

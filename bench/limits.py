@@ -245,8 +245,8 @@ def serve(backend_url: str, data_dir: str) -> None:
 async def _serve(backend_url: str, data_dir: str) -> None:
     from antwort_grpc.config import GatewaySettings
     from antwort_grpc.core import assemble
-    from antwort_grpc.server.app import start_gateway
-    from antwort_grpc.server.serve import tune_gc
+    from antwort_grpc.gateway import start_gateway
+    from antwort_grpc.gateway import tune_gc
     from bench.procs import until_stopped
 
     settings = GatewaySettings(

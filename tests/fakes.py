@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from antwort_grpc import pb
 from antwort_grpc.executors.base import ProgressSink
@@ -55,3 +56,20 @@ def echo(call: pb.FunctionCall) -> str:
 
 def fails(call: pb.FunctionCall) -> str:
     raise RuntimeError(f"{call.name} exploded")
+
+
+def front_of(responses: Any) -> Any:
+    """The core's front around a responses layer, with a neutral edge (for servicer unit tests)."""
+    from antwort_grpc.edge import Edge
+    from antwort_grpc.front import Front
+
+    return Front(responses, Edge())
+
+
+async def raw_converse(messages: Any) -> Any:
+    """Converse messages as the gRPC door hands them to the core: undecoded, a create marked."""
+    from antwort_grpc import pb
+    from antwort_grpc.server.decode import RawRequest
+
+    async for message in messages:
+        yield RawRequest(message.SerializeToString(), pb.ConverseRequest.FromString, message.HasField("create"))

@@ -14,8 +14,8 @@ import grpc
 from antwort_grpc import pb
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.executors.base import FunctionExecutor, ToolExecutor
+from antwort_grpc.gateway import Gateway, start_gateway
 from antwort_grpc.providers.base import Provider
-from antwort_grpc.server.app import Gateway, start_gateway
 from antwort_grpc.storage.base import ResponseStore
 from antwort_grpc.storage.memory import MemoryStore
 

@@ -37,8 +37,11 @@ class Doors:
 @asynccontextmanager
 async def running_doors(door_settings: DoorSettings | None = None, **gateway: Any) -> AsyncIterator[Doors]:
     async with running_gateway(**gateway) as client:
-        door = HttpDoor(client.gateway.core, door_settings)
+        gateway = client.gateway
+        door = HttpDoor(gateway.core.front, door_settings, gateway.accepting)
         await door.start("127.0.0.1:0")
+        # The process root drains, refuses and closes it with the gRPC door.
+        await gateway.open(door)
         try:
             yield Doors(client, door)
         finally:

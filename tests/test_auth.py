@@ -20,11 +20,11 @@ from grpc_status import rpc_status
 from antwort_grpc import pb
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.executors.base import FunctionExecutor
+from antwort_grpc.gateway import start_gateway
 from antwort_grpc.grpc_security import AuthInterceptor, Identity
 from antwort_grpc.grpc_server import ServerSpec, start_server
 from antwort_grpc.providers.base import FinishReason, ProviderEvent, TextDelta, TurnEnd, TurnRequest
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
-from antwort_grpc.server.app import start_gateway
 from antwort_grpc.startup_errors import StartupError
 from antwort_grpc.storage.memory import MemoryStore
 from antwort_grpc.tool_services.sdk import SERVICE_NAME, ExecutorService, ToolExecutorServicer

@@ -21,14 +21,16 @@ from hypothesis import strategies as st
 from antwort_grpc import pb
 from antwort_grpc.engine import Engine, EngineConfig
 from antwort_grpc.executors.base import FunctionExecutor
+from antwort_grpc.front.batching import batches, parted
 from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
 from antwort_grpc.providers.scripted import Turn as ScriptedTurn
 from antwort_grpc.responses.service import Responses
-from antwort_grpc.server.batching import batches, parted
+from antwort_grpc.server.decode import RawRequest
 from antwort_grpc.server.servicer import ResponsesServicer
 from antwort_grpc.storage.memory import MemoryStore
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply, ScriptedToolCall
+from tests.fakes import front_of, raw_converse
 from tests.harness import assert_valid_stream, events_of, function_tool, kinds, running_gateway, user
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,18 +191,28 @@ async def test_a_batched_stream_closed_while_a_message_is_written_ends_its_respo
     provider = ScriptedProvider([ScriptedTurn([Text("never")], hold=hold)])
     store = MemoryStore()
     engine = Engine(provider, store, EngineConfig(executors=[FunctionExecutor()], default_model="m"))
-    servicer = ResponsesServicer(Responses(engine, store))
+    servicer = ResponsesServicer(front_of(Responses(engine, store)))
     request = pb.CreateResponseRequest(input_text="Hi", stream=True, batch_events=True)
-    stream = servicer.CreateResponse(request, _Context())
-    first = pb.CreateResponseResponse.FromString((await anext(stream)).SerializeToString())
+    context = _Context()
+    raw = RawRequest(request.SerializeToString(), pb.CreateResponseRequest.FromString)
+    task = asyncio.create_task(servicer.CreateResponse(raw, context))
+    first = pb.CreateResponseResponse.FromString((await context.written.get()).SerializeToString())
     assert kinds(events_of(first)) == ["created", "in_progress", "turn_started"]
     await provider.holding.wait()
-    await stream.aclose()
+    task.cancel()  # what grpc does to the handler when the client resets the stream
+    with pytest.raises(asyncio.CancelledError):
+        await task
     stored = await store.get(first.events[0].created.response.id)
     assert stored is not None and stored.response.status == S.RESPONSE_STATUS_CANCELLED
 
 
 class _Context:
+    def __init__(self) -> None:
+        self.written: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def write(self, message: Any) -> None:
+        self.written.put_nowait(message)
+
     def invocation_metadata(self) -> tuple[()]:
         return ()
 
@@ -345,11 +357,11 @@ async def test_an_approval_timeout_that_expires_while_a_batch_is_written_denies_
     provider = ScriptedProvider([[Call.of("echo", {"x": 1}, call_id="a")], [Text("Skipped.")]])
     store = MemoryStore()
     config = EngineConfig(executors=[FunctionExecutor(), _EchoExecutor()], default_model="m", approval_timeout=0.05)
-    servicer = ResponsesServicer(Responses(Engine(provider, store, config), store))
+    servicer = ResponsesServicer(front_of(Responses(Engine(provider, store, config), store)))
     tool = function_tool("echo", x="integer")
     tool.require_approval.mode = pb.ApprovalMode.APPROVAL_MODE_ALWAYS
     client = _SlowReader(pb.CreateResponseRequest(input_text="go", tools=[tool], batch_events=True), stall=0.3)
-    await asyncio.wait_for(servicer.Converse(client.requests(), client), 10)
+    await asyncio.wait_for(servicer.Converse(raw_converse(client.requests()), client), 10)
     assert_valid_stream(client.events)
     assert kinds(client.events)[-1] == "completed"
     response = client.events[-1].completed.response

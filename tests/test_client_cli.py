@@ -16,9 +16,9 @@ from pathlib import Path
 
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.executors.base import FunctionExecutor, ToolExecutor
+from antwort_grpc.gateway import start_gateway
 from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
 from antwort_grpc.providers.scripted import ScriptedProvider, Text
-from antwort_grpc.server.app import start_gateway
 from antwort_grpc.storage.memory import MemoryStore
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply, ScriptedToolCall
 from tests.auth_fixtures import api_keys

@@ -12,8 +12,8 @@ import pytest
 
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.executors.base import FunctionExecutor
+from antwort_grpc.gateway import Gateway, start_gateway
 from antwort_grpc.providers.scripted import ScriptedProvider, Text
-from antwort_grpc.server.app import Gateway, start_gateway
 from antwort_grpc.storage.memory import MemoryStore
 from tests.certs import Authority, authority
 from tests.test_client_cli import ask

@@ -18,6 +18,7 @@ from antwort_grpc.providers.scripted import Call, ScriptedProvider
 from antwort_grpc.responses.service import Responses
 from antwort_grpc.server.servicer import ResponsesServicer
 from antwort_grpc.storage.memory import MemoryStore
+from tests.fakes import front_of, raw_converse
 from tests.harness import function_tool
 
 TOOLS = [function_tool("send_mail", to="string")]
@@ -67,10 +68,10 @@ async def test_a_create_that_arrives_while_the_terminal_event_is_written_starts_
     provider = ScriptedProvider([[Call.of("send_mail", {"to": "bob"}, call_id="m")]], repeat=True)
     store = MemoryStore()
     engine = Engine(provider, store, EngineConfig(executors=[FunctionExecutor()], default_model="m"))
-    servicer = ResponsesServicer(Responses(engine, store))
+    servicer = ResponsesServicer(front_of(Responses(engine, store)))
     client = QuickClient(rounds=3)
     client.create("Mail Bob.")
-    await asyncio.wait_for(servicer.Converse(client.requests(), client), 10)
+    await asyncio.wait_for(servicer.Converse(raw_converse(client.requests()), client), 10)
     rejected = [m.rejected.message for m in client.written if m.HasField("rejected")]
     assert rejected == []
     assert client.handed_out == 3

@@ -40,9 +40,9 @@ from antwort_grpc.auth.identity import AuthError
 from antwort_grpc.auth.jwt_tokens import JwtAuthenticator, JwtSettings
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.executors.base import FunctionExecutor, ProgressSink, ToolExecutor
+from antwort_grpc.gateway import Gateway, start_gateway
 from antwort_grpc.providers.base import Provider, TurnRequest
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text, Turn
-from antwort_grpc.server.app import Gateway, start_gateway
 from antwort_grpc.storage.memory import MemoryStore
 from tests.auth_fixtures import AUDIENCE, ISSUER, jwt_settings
 

@@ -63,10 +63,10 @@ async def test_the_default_http_address_taken_turns_the_door_off_with_a_warning(
         settings = GatewaySettings(http_listen=f"127.0.0.1:{busy_port}")
         settings.model_fields_set.discard("http_listen")  # as if left at its default
         with caplog.at_level(logging.WARNING):
-            assert await open_door(settings, gw.gateway.core) is None
+            assert await open_door(settings, gw.gateway.core.front) is None
         assert "ANTWORT_HTTP_LISTEN" in caplog.text
         off = GatewaySettings(http_listen="off")
-        assert await open_door(off, gw.gateway.core) is None
+        assert await open_door(off, gw.gateway.core.front) is None
 
 
 async def test_the_http_door_serves_tls_from_the_grpc_ports_files_and_mutual_tls_with_a_client_ca(
@@ -82,7 +82,7 @@ async def test_the_http_door_serves_tls_from_the_grpc_ports_files_and_mutual_tls
                 http_listen="127.0.0.1:0", tls_cert=server.cert, tls_key=server.key, tls_client_ca=client_ca
             )
             assert door_settings(settings).tls_cert == server.cert
-            door = await open_door(settings, gw.gateway.core)
+            door = await open_door(settings, gw.gateway.core.front)
             assert door is not None and door.url.startswith("https://")
             try:
                 trusted = ssl.create_default_context(cafile=ca.pem.cert)

@@ -15,14 +15,21 @@ import grpc
 import grpc_testing
 import pytest
 
+from antwort_grpc import front as core_front
 from antwort_grpc import pb
 from antwort_grpc.edge import Edge, Watch
 from antwort_grpc.engine import Engine, EngineConfig
 from antwort_grpc.executors.base import FunctionExecutor
+from antwort_grpc.front.session import Session
 from antwort_grpc.providers.scripted import Call, ScriptedProvider, Text
+from antwort_grpc.responses.request_limits import Limits
 from antwort_grpc.responses.service import Responses
-from antwort_grpc.server.servicer import ResponsesServicer, _Session
+from antwort_grpc.server.decode import RawRequest
+from antwort_grpc.server.event_messages import CONVERSE_EVENTS
+from antwort_grpc.server.servicer import ResponsesServicer
+from antwort_grpc.server.sinks import ConverseWriter
 from antwort_grpc.storage.memory import MemoryStore
+from tests.fakes import front_of, raw_converse
 from tests.harness import function_tool
 
 SERVICE = pb.responses_service_pb2.DESCRIPTOR.services_by_name["ResponsesService"]
@@ -43,10 +50,15 @@ class LoopThread:
 
 
 class GrpcTestingContext:
-    """grpcio-testing's context lacks abort_with_status (and is synchronous): bridge both."""
+    """grpcio-testing's context lacks abort_with_status and an async write (and is synchronous):
+    bridge them; what the servicer writes is kept in `written`."""
 
     def __init__(self, context: Any) -> None:
         self._context = context
+        self.written: list[pb.CreateResponseResponse] = []
+
+    async def write(self, message: Any) -> None:
+        self.written.append(pb.CreateResponseResponse.FromString(message.SerializeToString()))
 
     async def abort_with_status(self, status: Any) -> None:
         self._context.set_trailing_metadata(status.trailing_metadata)
@@ -64,12 +76,11 @@ class SyncServicer:
         self._loop = loop
 
     def CreateResponse(self, request: pb.CreateResponseRequest, context: Any) -> Iterator[Any]:
-        events = self._servicer.CreateResponse(request, GrpcTestingContext(context))
-        while True:
-            try:
-                yield self._loop.run(anext(events))
-            except StopAsyncIteration:
-                return
+        # As the gRPC door hands it over: undecoded, for the core to admit and decode.
+        raw = RawRequest(request.SerializeToString(), pb.CreateResponseRequest.FromString)
+        bridge = GrpcTestingContext(context)
+        self._loop.run(self._servicer.CreateResponse(raw, bridge))
+        yield from bridge.written
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._servicer, name)
@@ -82,7 +93,7 @@ def server() -> Iterator[tuple[Any, ScriptedProvider]]:
     provider = ScriptedProvider([[Call.of("get_weather", {"city": "Paris"}, call_id="c1")], [Text("Sunny.")]])
     store = MemoryStore()
     engine = Engine(provider, store, EngineConfig(executors=[FunctionExecutor()], default_model="m"))
-    adapter = SyncServicer(ResponsesServicer(Responses(engine, store)), loop)
+    adapter = SyncServicer(ResponsesServicer(front_of(Responses(engine, store))), loop)
     yield grpc_testing.server_from_dictionary({SERVICE: adapter}, grpc_testing.strict_real_time()), provider
     loop.close()
 
@@ -160,6 +171,9 @@ class _RunThatWindsDown:
 
 
 class _Responses:
+    limits = Limits()
+    hooked = False
+
     def __init__(self) -> None:
         self.wound_down = asyncio.Event()
         self.created: list[pb.CreateResponseRequest] = []
@@ -197,7 +211,11 @@ async def test_a_converse_stream_takes_the_next_create_from_the_terminal_event_o
             handled.set()  # asked for the next one: done with this one
 
     edge = Edge()
-    session = _Session(responses, edge, sent(), context, Watch(edge, "Converse", None, ()))  # type: ignore[arg-type]
+    front = core_front.Front(responses, edge)  # type: ignore[arg-type]
+    watch = Watch(edge, "Converse", None, ())
+    session = Session(
+        front, core_front.Call("Converse"), raw_converse(sent()), ConverseWriter(context, CONVERSE_EVENTS), watch
+    )
     serving = asyncio.create_task(session.serve())
     requests.put_nowait(pb.ConverseRequest(create=pb.CreateResponseRequest(input_text="one")))
     async with asyncio.timeout(10):

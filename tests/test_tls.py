@@ -11,8 +11,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from antwort_grpc import pb
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.executors.base import FunctionExecutor
+from antwort_grpc.gateway import Gateway, start_gateway
 from antwort_grpc.providers.scripted import ScriptedProvider, Text
-from antwort_grpc.server.app import Gateway, start_gateway
 from antwort_grpc.startup_errors import StartupError
 from antwort_grpc.storage.memory import MemoryStore
 from tests.certs import authority

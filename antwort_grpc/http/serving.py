@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 
 from antwort_grpc.config import GatewaySettings
-from antwort_grpc.core import Core
+from antwort_grpc.front import Front
 from antwort_grpc.http.door import DoorSettings, HttpDoor
 from antwort_grpc.startup_errors import bind_error
 
@@ -28,7 +28,7 @@ def door_settings(settings: GatewaySettings) -> DoorSettings:
 
 
 async def open_door(
-    settings: GatewaySettings, core: Core, accepting: Callable[[], bool] | None = None
+    settings: GatewaySettings, front: Front, accepting: Callable[[], bool] | None = None
 ) -> HttpDoor | None:
     """The door serving on `settings.http_listen`; None when it is off.
 
@@ -38,7 +38,7 @@ async def open_door(
     listen = settings.http_listen.strip()
     if listen.lower() in OFF:
         return None
-    door = HttpDoor(core, door_settings(settings), accepting)
+    door = HttpDoor(front, door_settings(settings), accepting)
     try:
         await door.start(listen)
     except OSError as error:

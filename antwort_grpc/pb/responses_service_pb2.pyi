@@ -243,3 +243,27 @@ class ControlResponseResponse(_message.Message):
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
     response: _response_pb2.Response
     def __init__(self, response: _Optional[_Union[_response_pb2.Response, _Mapping]] = ...) -> None: ...
+
+class CompactConversationRequest(_message.Message):
+    __slots__ = ("model", "input_text", "input_items", "previous_response_id", "instructions")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    INPUT_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    input_text: str
+    input_items: ItemList
+    previous_response_id: str
+    instructions: str
+    def __init__(self, model: _Optional[str] = ..., input_text: _Optional[str] = ..., input_items: _Optional[_Union[ItemList, _Mapping]] = ..., previous_response_id: _Optional[str] = ..., instructions: _Optional[str] = ...) -> None: ...
+
+class CompactConversationResponse(_message.Message):
+    __slots__ = ("id", "summary", "usage")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    summary: _item_pb2.Item
+    usage: _response_pb2.Usage
+    def __init__(self, id: _Optional[str] = ..., summary: _Optional[_Union[_item_pb2.Item, _Mapping]] = ..., usage: _Optional[_Union[_response_pb2.Usage, _Mapping]] = ...) -> None: ...

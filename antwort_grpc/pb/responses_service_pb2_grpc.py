@@ -76,6 +76,11 @@ class ResponsesServiceStub:
                 request_serializer=antwort_dot_v1_dot_responses__service__pb2.AttachResponseRequest.SerializeToString,
                 response_deserializer=antwort_dot_v1_dot_responses__service__pb2.AttachResponseResponse.FromString,
                 _registered_method=True)
+        self.CompactConversation = channel.unary_unary(
+                '/antwort.v1.ResponsesService/CompactConversation',
+                request_serializer=antwort_dot_v1_dot_responses__service__pb2.CompactConversationRequest.SerializeToString,
+                response_deserializer=antwort_dot_v1_dot_responses__service__pb2.CompactConversationResponse.FromString,
+                _registered_method=True)
 
 
 class ResponsesServiceServicer:
@@ -144,6 +149,15 @@ class ResponsesServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompactConversation(self, request, context):
+        """Summarizes a conversation (its input after the chain of previous_response_id) into one item
+        that stands for it: send `summary` back as input in place of the conversation. Nothing is
+        stored. The Open Responses API's compaction, over gRPC.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ResponsesServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -186,6 +200,11 @@ def add_ResponsesServiceServicer_to_server(servicer, server):
                     servicer.AttachResponse,
                     request_deserializer=antwort_dot_v1_dot_responses__service__pb2.AttachResponseRequest.FromString,
                     response_serializer=antwort_dot_v1_dot_responses__service__pb2.AttachResponseResponse.SerializeToString,
+            ),
+            'CompactConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompactConversation,
+                    request_deserializer=antwort_dot_v1_dot_responses__service__pb2.CompactConversationRequest.FromString,
+                    response_serializer=antwort_dot_v1_dot_responses__service__pb2.CompactConversationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -405,6 +424,33 @@ class ResponsesService:
             '/antwort.v1.ResponsesService/AttachResponse',
             antwort_dot_v1_dot_responses__service__pb2.AttachResponseRequest.SerializeToString,
             antwort_dot_v1_dot_responses__service__pb2.AttachResponseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompactConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/antwort.v1.ResponsesService/CompactConversation',
+            antwort_dot_v1_dot_responses__service__pb2.CompactConversationRequest.SerializeToString,
+            antwort_dot_v1_dot_responses__service__pb2.CompactConversationResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,17 +5,16 @@ traceback.
 
 Streamed requests (Converse) are parsed one message at a time as the servicer reads them.
 
-A request that starts a response (CreateResponse; a Converse message that is a create) is admitted
-by its size on the wire before it is parsed (`Admitting`): parsing makes several times its bytes
-in objects, and a request refused after it was parsed has cost them all.
+A request that starts a response (CreateResponse; a Converse message that is a create) is handed to
+the servicer undecoded (`RawRequest`): the core admits it by its size on the wire before it is
+decoded, since decoding makes several times its bytes in objects, and a request refused after it
+was decoded has cost them all.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
-from contextvars import ContextVar
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -23,7 +22,6 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
-from antwort_grpc.edge import Reservation
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.grpc_status import abort
 from antwort_grpc.offload import off_loop
@@ -39,55 +37,39 @@ _OPAQUE = {"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.L
 
 Parse = Callable[[bytes], Message]
 
-# The size on the wire of the request last parsed in this task (the unary call's; on a stream,
-# the message its reader took last): what admission weighs, known without walking the message
-# (ByteSize walks it: 20 ms for a request of 8 MB). 0: not parsed here.
-request_bytes: ContextVar[int] = ContextVar("request_bytes", default=0)
-# The admission reserved for the request last parsed in this task, before it was parsed (None:
-# none was, the request starts no response): the response takes it over (Edge.response).
-reservation: ContextVar[Reservation | None] = ContextVar("reservation", default=None)
-
-# Every message of the method starts a response (rather than those with this field set).
+# Methods whose requests start a response, handed to the servicer undecoded (`RawRequest`): the
+# core admits them by their size first. Every message of the method (EVERY_MESSAGE), or those
+# with the top-level field of that number set (a Converse message that is a create).
 EVERY_MESSAGE = 0
 
 
-@dataclass(frozen=True)
-class Admitting:
-    """Which requests are admitted before they are parsed: `reserve` (Admission.reserve) is
-    given the size of each message of a method in `methods` that starts a response: every
-    message (EVERY_MESSAGE), or those with the top-level field of that number set (a Converse
-    message that is a create). One larger than `max_request_bytes` (0: no limit) is refused
-    first, INVALID_ARGUMENT naming its largest field."""
+class RawRequest:
+    """A request as it came off the wire (front.Encoded): its size, the refusal of one too
+    large (naming the field that holds most of its bytes), and its decoding — off the event loop
+    when it is large, INVALID_ARGUMENT naming the field that does not parse."""
 
-    reserve: Callable[[int], Reservation]
-    methods: Mapping[str, int]
-    max_request_bytes: int = 0
+    __slots__ = ("parse", "raw", "starts_response")
 
-    def starts_response(self, method: str, raw: bytes) -> bool:
-        field = self.methods.get(method)
-        if field is None:
-            return False
-        return field == EVERY_MESSAGE or has_field(raw, field)
+    def __init__(self, raw: bytes, parse: Parse, starts_response: bool = True) -> None:
+        self.raw = raw
+        self.parse = parse
+        self.starts_response = starts_response
 
+    @property
+    def size(self) -> int:
+        return len(self.raw)
 
-class _Admit:
-    """The admission of one method's messages before they are parsed: the reservation for one
-    that starts a response (None for one that does not)."""
+    def too_large(self, limit: int) -> RequestError:
+        return too_large(self.raw, limit, _message_descriptor(self.parse))
 
-    __slots__ = ("admitting", "descriptor", "method")
-
-    def __init__(self, admitting: Admitting, method: str, descriptor: Descriptor | None = None) -> None:
-        self.admitting = admitting
-        self.method = method
-        self.descriptor = descriptor
-
-    def __call__(self, raw: bytes) -> Reservation | None:
-        admitting = self.admitting
-        if not admitting.starts_response(self.method, raw):
-            return None
-        if admitting.max_request_bytes and len(raw) > admitting.max_request_bytes:
-            raise too_large(raw, admitting.max_request_bytes, self.descriptor)
-        return admitting.reserve(len(raw))
+    async def decode(self) -> Any:
+        raw, parse = self.raw, self.parse
+        try:
+            if len(raw) > PARSE_IN_THREAD_BYTES:
+                return await off_loop(parse, raw)
+            return parse(raw)
+        except DecodeError as err:
+            raise unparsed(raw, parse, err) from None
 
 
 def too_large(raw: bytes, limit: int, descriptor: Descriptor | None) -> RequestError:
@@ -190,24 +172,22 @@ def add_parsing_servicer(
     servicer: object,
     server: grpc.aio.Server,
     refused: Refused | None = None,
-    admitting: Admitting | None = None,
+    undecoded: Mapping[str, int] | None = None,
 ) -> None:
     """`add(servicer, server)` (a generated `add_…Servicer_to_server`), with every request parsed
-    by `parse_request`, those that start a response admitted first (`admitting`)."""
+    by `parse_request`, except those of the methods in `undecoded`, handed over as RawRequests."""
     capture = _Capture()
     add(servicer, capture)
     handlers = {
-        name: _parsing(
-            handler, _teller(refused, name), _Admit(admitting, name, _descriptor(handler)) if admitting else None
-        )
+        name: _parsing(handler, _teller(refused, name), (undecoded or {}).get(name))
         for name, handler in capture.handlers.items()
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(capture.service, handlers),))
     server.add_registered_method_handlers(capture.service, handlers)
 
 
-def _descriptor(handler: Any) -> Descriptor | None:
-    message_class = getattr(handler.request_deserializer, "__self__", None)
+def _message_descriptor(parse: Parse) -> Descriptor | None:
+    message_class = getattr(parse, "__self__", None)
     descriptor = getattr(message_class, "DESCRIPTOR", None)
     return descriptor if isinstance(descriptor, Descriptor) else None
 
@@ -222,140 +202,80 @@ def _teller(refused: Refused | None, method: str) -> Callable[[RequestError], No
     return tell
 
 
-def _parsing(handler: Any, refused: Callable[[RequestError], None] | None = None, admit: _Admit | None = None) -> Any:
+def _parsing(handler: Any, refused: Callable[[RequestError], None] | None, undecoded: int | None) -> Any:
     parse = handler.request_deserializer
     if parse is None:
         return handler
     if handler.request_streaming:
-        return _parsing_stream(handler, parse, refused, admit)
+        return _parsing_stream(handler, parse, undecoded)
+    behavior = handler.unary_unary or handler.unary_stream
+    if undecoded is not None:
+        # The servicer decodes it (through the core, which admits it first).
+        async def raw_call(raw: bytes, context: Any) -> Any:
+            return await behavior(RawRequest(raw, parse), context)
+
+        make = grpc.unary_unary_rpc_method_handler if handler.unary_unary else grpc.unary_stream_rpc_method_handler
+        return make(raw_call, response_serializer=_serialize)
     if handler.unary_unary is not None:
         unary = handler.unary_unary
 
         async def unary_unary(raw: bytes, context: Any) -> Any:
-            try:
-                return await unary(await parse_request(raw, parse, context, refused, admit), context)
-            finally:
-                _release()
+            return await unary(await parse_request(raw, parse, context, refused), context)
 
         return grpc.unary_unary_rpc_method_handler(unary_unary, response_serializer=handler.response_serializer)
     if handler.unary_stream is not None:
-        stream: Callable[[Any, Any], AsyncGenerator[Any]] = handler.unary_stream
+        # Our servicers write their streams (context.write): a coroutine, not a generator.
+        stream = handler.unary_stream
 
-        # A coroutine that writes, rather than an async generator around the servicer's: grpc's
-        # own loop over a generator writes each message the same way, so nothing is added per
-        # streamed message. try/finally is contextlib.aclosing without its two Python-level calls
-        # per request.
         async def unary_stream(raw: bytes, context: Any) -> None:
-            try:
-                request = await parse_request(raw, parse, context, refused, admit)
-                messages = stream(request, context)
-                try:
-                    async for message in messages:
-                        await context.write(message)
-                finally:
-                    await messages.aclose()
-            finally:
-                # The response that took the reservation over has released it; else (refused by
-                # a later check, or never started) it is released here.
-                _release()
+            await stream(await parse_request(raw, parse, context, refused), context)
 
         return grpc.unary_stream_rpc_method_handler(unary_stream, response_serializer=_serialize)
     return handler
 
 
-def _release() -> None:
-    held = reservation.get()
-    if held is not None:
-        held.release()
-
-
-def _parsing_stream(
-    handler: Any, parse: Parse, refused: Callable[[RequestError], None] | None, admit: _Admit | None
-) -> Any:
-    """A handler reading a stream of requests, given them parsed. A message that does not parse
-    ends the call with INVALID_ARGUMENT (the servicer's read raises grpc's abort error). A message
-    refused admission is not parsed: the servicer reads the RequestError in its place (and counts
-    it: it decides whether the refusal ends the stream), `reservation` is set for one admitted."""
+def _parsing_stream(handler: Any, parse: Parse, undecoded: int | None) -> Any:
+    """A handler reading a stream of requests, given them as RawRequests: the servicer decodes
+    them (through the core, which admits those that start a response first)."""
     behavior = handler.stream_stream or handler.stream_unary
-    if behavior is None or inspect.isasyncgenfunction(behavior):
+    if behavior is None or inspect.isasyncgenfunction(behavior) or undecoded is None:
         # No servicer of ours answers a stream with a generator: left as grpc runs it.
         return handler
 
     async def run(requests: AsyncIterator[bytes], context: Any) -> Any:
-        aborted: list[BaseException] = []
-
-        async def parsed() -> AsyncIterator[Any]:
+        async def raw_requests() -> AsyncIterator[RawRequest]:
             async for raw in requests:
-                try:
-                    yield await parse_request(raw, parse, context, refused, admit, in_band=True)
-                except grpc.aio.AbortError as err:
-                    aborted.append(err)
-                    raise
+                starts = undecoded == EVERY_MESSAGE or has_field(raw, undecoded)
+                yield RawRequest(raw, parse, starts)
 
-        result = await behavior(parsed(), context)
-        if aborted:
-            # The servicer stopped reading on the abort without passing it on: pass it to grpc,
-            # which expects the abort it was told about (or logs it as suppressed).
-            raise aborted[0]
-        return result
+        return await behavior(raw_requests(), context)
 
     make = grpc.stream_stream_rpc_method_handler if handler.stream_stream else grpc.stream_unary_rpc_method_handler
     return make(run, response_serializer=_serialize)
 
 
 async def parse_request(
-    raw: bytes,
-    parse: Parse,
-    context: Any,
-    refused: Callable[[RequestError], None] | None = None,
-    admit: _Admit | None = None,
-    in_band: bool = False,
+    raw: bytes, parse: Parse, context: Any, refused: Callable[[RequestError], None] | None = None
 ) -> Any:
     """The request `raw` holds; aborts the call with INVALID_ARGUMENT (`refused` is told) when it
-    does not parse. Its size is `request_bytes` in the task that asked, until the next one.
-
-    One that starts a response is admitted first (`admit`), its reservation `reservation` in the
-    task that asked; refused, it is not parsed: the call is aborted with the refusal (`refused`
-    told), or, `in_band`, the refusal is returned in place of the request."""
-    request_bytes.set(len(raw))
-    reservation.set(None)
-    if admit is not None:
-        try:
-            reservation.set(admit(raw))
-        except RequestError as err:
-            if in_band:
-                return err
-            if refused is not None:
-                refused(err)
-            await abort(context, err)
-            raise AssertionError("unreachable") from None
+    does not parse."""
     try:
-        if len(raw) > PARSE_IN_THREAD_BYTES:
-            return await off_loop(parse, raw)
-        return parse(raw)
-    except BaseException as err:
-        # Not parsed (or the call cancelled while it was): no response will take the room over.
-        _release()
-        if not isinstance(err, DecodeError):
-            raise
-        return await _unparsed(raw, parse, context, refused, err)
+        return await RawRequest(raw, parse).decode()
+    except RequestError as error:
+        if refused is not None:
+            refused(error)
+        await abort(context, error)
+        raise AssertionError("unreachable") from None
 
 
-async def _unparsed(
-    raw: bytes, parse: Parse, context: Any, refused: Callable[[RequestError], None] | None, err: DecodeError
-) -> Any:
-    message_class = getattr(parse, "__self__", None)
-    descriptor = getattr(message_class, "DESCRIPTOR", None)
-    field = locate(raw, descriptor) if isinstance(descriptor, Descriptor) else ""
+def unparsed(raw: bytes, parse: Parse, err: DecodeError) -> RequestError:
+    """INVALID_ARGUMENT for bytes that do not parse, naming the field they break in."""
+    descriptor = _message_descriptor(parse)
+    field = locate(raw, descriptor) if descriptor is not None else ""
     # The parser's reason is a fixed text ("String field had bad UTF-8", "Wire format was
     # corrupt", "Exceeded …MaxDepth"); what follows the type name in its message.
     reason = str(err).rsplit(": ", 1)[-1]
-    where = field or "request"
-    error = invalid_argument([FieldViolation(where, f"cannot be parsed: {reason}")])
-    if refused is not None:
-        refused(error)
-    await abort(context, error)
-    raise AssertionError("unreachable") from None
+    return invalid_argument([FieldViolation(field or "request", f"cannot be parsed: {reason}")])
 
 
 def locate(raw: bytes, descriptor: Descriptor, depth: int = 0) -> str:

@@ -1,0 +1,113 @@
+"""How a response's events reach a door's sink: a run's own (every event, batched, or only the
+last for a non-streaming answer) and a background response's, read from its log."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Collection
+from typing import Any
+
+from antwort_grpc import pb
+from antwort_grpc.edge import Watch
+from antwort_grpc.engine.run import Run
+from antwort_grpc.event_kinds import is_terminal, terminal_response
+from antwort_grpc.front.batching import batches
+from antwort_grpc.front.call import Sink
+from antwort_grpc.responses.durable import IDEMPOTENCY_KEY, Durability
+
+Events = AsyncGenerator[pb.StreamEvent, None]
+
+
+def wants_durable(background: bool, metadata: Collection[tuple[str, Any]]) -> bool:
+    """Whether a create goes the durable way: background, or an idempotency key (a loop, not
+    any() over a generator: this is on every create's path)."""
+    if background:
+        return True
+    for entry in metadata:  # noqa: SIM110
+        if entry[0] == IDEMPOTENCY_KEY:
+            return True
+    return False
+
+
+async def deliver(run: Run, request: pb.CreateResponseRequest, watch: Watch, sink: Sink) -> None:
+    """Run `run` to its end, its events to `sink` as the request asks."""
+    # Closed with this call, however it ends (try/finally: aclosing's two calls, per request).
+    events = run.events()
+    try:
+        if request.stream and request.batch_events:
+            await _batched(run, events, watch, sink)
+        elif request.stream:
+            observing = watch.observing
+            async for event in events:
+                if observing:
+                    watch.saw(event)
+                await sink.event(event, run.take_wire(event))
+        else:
+            # One code path: drain the same stream, send only the terminal event.
+            last = await _last(events, watch)
+            await sink.event(last, run.take_wire(last))
+        watch.ended()
+    finally:
+        await events.aclose()
+
+
+async def _batched(run: Run, events: Events, watch: Watch, sink: Sink) -> None:
+    observing = watch.observing
+    batched = batches(events, lambda: run.ended, is_terminal)
+    # Closed before `events` (by the caller): until then it may hold a step of them.
+    try:
+        async for batch in batched:
+            if observing:
+                for event in batch:
+                    watch.saw(event)
+            if len(batch) == 1:
+                await sink.event(batch[0], run.take_wire(batch[0]))
+            else:
+                await sink.batch(batch, [run.take_wire(event) for event in batch])
+    finally:
+        await batched.aclose()
+
+
+async def _last(events: Events, watch: Watch) -> pb.StreamEvent:
+    last = None
+    observing = watch.observing
+    async for event in events:
+        if observing:
+            watch.saw(event)
+        last = event
+    assert last is not None
+    return last
+
+
+async def drain(events: Events, watch: Watch) -> pb.Response:
+    """Non-streaming, as the core reads it itself: the terminal event's response."""
+    try:
+        last = await _last(events, watch)
+    finally:
+        await events.aclose()
+    watch.ended()
+    return terminal_response(last)
+
+
+async def follow(
+    durable: Durability,
+    response_id: str,
+    owner: str,
+    starting_after: int,
+    watch: Watch | None,
+    sink: Sink,
+    batched: bool = False,
+) -> None:
+    """The log's events after `starting_after` (checked by the caller), page by page, to the
+    terminal one. `watch` sees each (None: not observed here)."""
+    observing = watch is not None and watch.observing
+    pages = durable.follow_pages(response_id, owner, starting_after)
+    try:
+        async for page in pages:
+            wires = [data for _seq, data in page]
+            if observing:
+                assert watch is not None
+                for data in wires:
+                    watch.saw(pb.StreamEvent.FromString(data))
+            await sink.logged(wires, batched)
+    finally:
+        await pages.aclose()

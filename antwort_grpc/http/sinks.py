@@ -1,0 +1,103 @@
+"""The HTTP door's sink: the core's events as server-sent events for a request that streams, or
+the last one kept for the JSON answer of one that does not."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import grpc
+from aiohttp import web
+
+from antwort_grpc import pb
+from antwort_grpc.errors import RequestError
+from antwort_grpc.http.errors import error_json
+from antwort_grpc.http.mapping import event_json, response_json, sse
+
+log = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class Decoded(Protocol):
+    """The request a body decoded to (None until the core has decoded it)."""
+
+    decoded: pb.CreateResponseRequest | None
+
+
+class EventWriter:
+    """The events of one request. `body`: the create they answer (None: an attach, which always
+    streams and always reads a background response)."""
+
+    def __init__(self, request: web.Request, extended: bool, body: Decoded | None) -> None:
+        self.request = request
+        self.extended = extended
+        self.body = body
+        # The SSE response, once its headers went out.
+        self.response: web.StreamResponse | None = None
+        self.last: pb.StreamEvent | None = None
+        self.number = 0
+
+    @property
+    def streaming(self) -> bool:
+        decoded = self.body.decoded if self.body is not None else None
+        return decoded is None or decoded.stream
+
+    @property
+    def background(self) -> bool:
+        decoded = self.body.decoded if self.body is not None else None
+        return decoded is None or decoded.background
+
+    async def event(self, event: pb.StreamEvent, wire: bytes | None) -> None:
+        if self.streaming:
+            await self._write(event)
+        else:
+            self.last = event
+
+    async def batch(self, events: Sequence[pb.StreamEvent], wires: Sequence[bytes | None]) -> None:
+        for event in events:
+            await self._write(event)
+
+    async def logged(self, wires: Sequence[bytes], batched: bool) -> None:
+        for data in wires:
+            await self._write(pb.StreamEvent.FromString(data))
+
+    async def _write(self, event: pb.StreamEvent) -> None:
+        response = self.response
+        if response is None:
+            response = self.response = web.StreamResponse(headers=SSE_HEADERS)
+            await response.prepare(self.request)
+        self.number = event.sequence_number
+        body = event_json(event, self.extended, self.background)
+        if body is not None:
+            await response.write(sse(body))
+
+    async def error(self, err: BaseException) -> None:
+        """After the headers went out an error can only be an event (the spec's `error`): the
+        core's own (a background response's log removed while it was read) as it is."""
+        failure = err if isinstance(err, RequestError) else None
+        if failure is None:
+            log.error("the stream of a response failed", exc_info=err)
+            failure = RequestError(grpc.StatusCode.INTERNAL, f"the stream failed: {type(err).__name__}")
+        payload = error_json(failure)["error"]
+        assert self.response is not None
+        with contextlib.suppress(ConnectionError):
+            await self.response.write(sse({"type": "error", "sequence_number": self.number + 1, "error": payload}))
+
+    async def answer(self) -> web.StreamResponse:
+        """What the handler returns: the stream, ended; else the JSON of the last event's response."""
+        if self.response is not None:
+            with contextlib.suppress(ConnectionError):
+                await self.response.write_eof()
+            return self.response
+        last = self.last
+        assert last is not None, "the core sent no event"
+        answer: pb.Response = getattr(last, str(last.WhichOneof("event"))).response
+        return web.json_response(response_json(answer, self.background), dumps=_dumps)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))

@@ -1,0 +1,49 @@
+"""The gRPC door's sinks: the core's events written as stream messages (event_messages.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from antwort_grpc import pb
+from antwort_grpc.errors import RequestError
+from antwort_grpc.responses.service import rejection
+from antwort_grpc.server.decode import EventMessage
+from antwort_grpc.server.event_messages import FROM_WIRE, wire_messages
+
+
+class StreamWriter:
+    """A server stream's messages: one event each, or events together in the message's `events`
+    (field number `field`)."""
+
+    __slots__ = ("context", "field")
+
+    def __init__(self, context: Any, field: int) -> None:
+        self.context = context
+        self.field = field
+
+    async def event(self, event: pb.StreamEvent, wire: bytes | None) -> None:
+        await self.context.write(EventMessage(event, wire))
+
+    async def batch(self, events: Sequence[pb.StreamEvent], wires: Sequence[bytes | None]) -> None:
+        serialized = [wire or event.SerializeToString() for event, wire in zip(events, wires, strict=True)]
+        for message in wire_messages(serialized, self.field):
+            await self.context.write(message)
+
+    async def logged(self, wires: Sequence[bytes], batched: bool) -> None:
+        write = self.context.write
+        if not batched:
+            for data in wires:
+                await write(EventMessage(FROM_WIRE, data))
+            return
+        for message in wire_messages(list(wires), self.field):
+            await write(message)
+
+
+class ConverseWriter(StreamWriter):
+    """A Converse stream's messages, and its in-band rejections."""
+
+    __slots__ = ()
+
+    async def rejected(self, error: RequestError) -> None:
+        await self.context.write(pb.ConverseResponse(rejected=rejection(error)))
