@@ -32,6 +32,7 @@ from antwort_grpc.engine import Engine
 from antwort_grpc.executors.base import ToolExecutor
 from antwort_grpc.observability import Observability
 from antwort_grpc.observability.logs import one_line
+from antwort_grpc.observability.rpc_metrics import RpcMetrics
 from antwort_grpc.providers.base import Provider
 from antwort_grpc.server.app import GrpcDoor
 from antwort_grpc.storage.base import ResponseStore
@@ -171,7 +172,8 @@ async def start_gateway(
     doors are opened with `Gateway.open`). `parts`: closed by the gateway when it stops."""
     refuse_open_listen(settings)
     core = await build_core(settings, parts or Parts(provider, store, list(executors)))
-    door = GrpcDoor(settings, core)
+    metrics = core.observability.metrics if core.observability is not None else None
+    door = GrpcDoor(settings, core, RpcMetrics(metrics) if metrics is not None else None)
     try:
         await door.start(settings.listen)
     except BaseException:

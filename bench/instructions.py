@@ -72,25 +72,50 @@ REQUESTS: dict[str, Callable[[], pb.CreateResponseRequest]] = {
         True, batch_events=True, delta_coalescing=pb.DeltaCoalescing(disabled=True)
     ),
 }
+# The same answer through the Open Responses HTTP door (SSE streamed, or one JSON body).
+HTTP_REQUESTS: dict[str, dict[str, Any]] = {
+    "http_unary": {"model": MODEL, "input": "hello"},
+    "http_stream": {"model": MODEL, "input": "hello", "stream": True},
+}
+MODES = [*REQUESTS, *HTTP_REQUESTS]
 
 
-async def _drive(target: str, pid: int, requests: int, modes: list[str]) -> None:
+async def _http_once(session: Any, url: str, body: dict[str, Any]) -> None:
+    async with session.post(url, json=body) as reply:
+        assert reply.status == 200, await reply.text()
+        await reply.read()
+
+
+async def _drive(target: str, pid: int, requests: int, modes: list[str], http: str = "") -> None:
+    import aiohttp
+
     def control(*what: str) -> None:
         subprocess.run(["callgrind_control", *what, str(pid)], check=True, capture_output=True)
 
-    async with grpc.aio.insecure_channel(target) as channel:
+    async with grpc.aio.insecure_channel(target) as channel, aiohttp.ClientSession() as session:
         stub = pb.ResponsesServiceStub(channel)
         for name in modes:
-            request = REQUESTS[name]()
             for counted in (False, True):
                 if counted:
                     control("-z")
                     control("-i", "on")
                 for _ in range(requests if counted else WARM_UP):
-                    async for _ in stub.CreateResponse(request):
+                    if name in HTTP_REQUESTS:
+                        await _http_once(session, f"{http}/v1/responses", HTTP_REQUESTS[name])
+                        continue
+                    async for _ in stub.CreateResponse(REQUESTS[name]()):
                         pass
             control("-i", "off")
             control("-d", name)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def measure(
@@ -111,8 +136,13 @@ def measure(
         if sink is not None:
             endpoint = f"http://127.0.0.1:{_ready(sink)}"
             args += ["--metrics", "--otlp-endpoint", endpoint, "--trace-ratio", str(observed)]
+        http = ""
+        if any(mode in HTTP_REQUESTS for mode in modes):
+            listen = f"127.0.0.1:{_free_port()}"
+            args += ["--http-listen", listen]
+            http = f"http://{listen}"
         gateway = _start(args, checkout, valgrind)
-        asyncio.run(_drive(f"127.0.0.1:{_ready(gateway)}", gateway.pid, requests, modes))
+        asyncio.run(_drive(f"127.0.0.1:{_ready(gateway)}", gateway.pid, requests, modes, http))
     finally:
         for process in (gateway, backend, sink):
             if process is not None:
@@ -132,12 +162,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parent.parent)
     parser.add_argument("--requests", type=int, default=100)
-    parser.add_argument("--modes", default="unary,stream,stream_uncoalesced", help=f"of {','.join(REQUESTS)}")
+    parser.add_argument("--modes", default="unary,stream,stream_uncoalesced", help=f"of {','.join(MODES)}")
     parser.add_argument("--observed", type=float, default=0.0, help="metrics + traces, this ratio sampled")
     parser.add_argument("--metrics", action="store_true", help="metrics alone")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
-    if unknown := [m for m in modes if m not in REQUESTS]:
+    if unknown := [m for m in modes if m not in MODES]:
         parser.error(f"unknown modes {unknown}")
     for name, count in sorted(
         measure(args.checkout.resolve(), args.requests, modes, args.observed, args.metrics).items()

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import grpc
 
 from antwort_grpc import pb
@@ -56,13 +57,15 @@ async def slow_gateway(tmp_path: Path, **env: str) -> AsyncIterator[Gateway]:
     )  # fmt: skip
     assert process.stdout is not None
     target = ""
+    early: list[str] = []
     async with asyncio.timeout(30):
         while not target:
             line = (await process.stdout.readline()).decode()
             assert line, "serve exited before it was ready"
+            early.append(line)
             if "serving on" in line:
                 target = line.rsplit(" ", 1)[1].strip()
-    gateway = Gateway(process, target, db)
+    gateway = Gateway(process, target, db, early)
     reader = asyncio.create_task(gateway.read_output())
     try:
         yield gateway
@@ -164,3 +167,56 @@ async def test_a_second_ctrl_c_exits_at_once(tmp_path: Path) -> None:
     assert exit_code == -signal.SIGINT, "".join(gateway.output)
     assert "Traceback" not in "".join(gateway.output)
     assert codes == ["UNAVAILABLE"] * 3
+
+
+async def _grpc_create_taken(stub: pb.ResponsesServiceStub) -> bool:
+    """Whether the gRPC door starts a new response now (its `created` event comes)."""
+    call = stub.CreateResponse(pb.CreateResponseRequest(input_text="more", stream=True))
+    try:
+        message = await call.read()
+        return kind(message.event) == "created"
+    except grpc.aio.AioRpcError as err:
+        assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+        return False
+    finally:
+        call.cancel()
+
+
+async def _http_create_taken(session: aiohttp.ClientSession, url: str) -> bool:
+    """Whether the HTTP door starts a new response now (200 and a stream), or refuses it (503 with
+    Retry-After)."""
+    body = {"model": "scripted", "input": "more", "stream": True}
+    try:
+        async with session.post(url + "/v1/responses", json=body) as reply:
+            if reply.status == 503:
+                assert reply.headers.get("Retry-After"), reply.headers
+                return False
+            assert reply.status == 200, await reply.text()
+            return True
+    except aiohttp.ClientConnectionError:
+        return False
+
+
+async def test_after_the_drain_both_doors_refuse_new_work_from_the_same_moment(tmp_path: Path) -> None:
+    """SIGTERM while a long stream drains: during the drain both doors still take creates (health
+    says NOT_SERVING); from the moment either refuses one, both refuse every one, and nothing is
+    accepted after."""
+    env = {"ANTWORT_SHUTDOWN_DRAIN": "1", "ANTWORT_SHUTDOWN_GRACE": "8", "ANTWORT_HTTP_LISTEN": "127.0.0.1:0"}
+    async with slow_gateway(tmp_path, **env) as gateway, grpc.aio.insecure_channel(gateway.target) as channel:
+        url = next(line.rsplit(" ", 1)[1].strip() for line in gateway.output if "HTTP door listening on" in line)
+        stub = pb.ResponsesServiceStub(channel)
+        streams = await open_streams(stub, 1)
+        gateway.process.send_signal(signal.SIGTERM)
+        seen: list[tuple[str, bool]] = []
+        async with aiohttp.ClientSession() as session, asyncio.timeout(30):
+            while sum(1 for _, taken in seen if not taken) < 6:
+                seen.append(("grpc", await _grpc_create_taken(stub)))
+                seen.append(("http", await _http_create_taken(session, url)))
+            codes = [await s.rest for s in streams]
+            await gateway.process.wait()
+    first_refusal = next(n for n, (_, taken) in enumerate(seen) if not taken)
+    assert first_refusal > 0, "refused before the drain ended"
+    assert all(not taken for _, taken in seen[first_refusal:]), seen
+    assert {door for door, _ in seen[first_refusal:]} == {"grpc", "http"}
+    assert codes == ["OK"]
+    assert kind(streams[0].events[-1]) == "cancelled"

@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.text import Text
 
 from antwort_grpc import pb
+from antwort_grpc.event_kinds import TERMINAL_EVENTS as TERMINAL
 
-TERMINAL = ("completed", "incomplete", "failed", "cancelled", "requires_action")
 _STATUS_STYLE = {
     "completed": "bold green",
     "requires_action": "bold yellow",

@@ -27,9 +27,9 @@ from antwort_grpc.front.creates import deliver, drain, follow, wants_durable
 from antwort_grpc.front.session import ConverseSink, Session
 from antwort_grpc.hooks.service import Caller
 from antwort_grpc.responses.durable import Begun, Durability, idempotency_key, unavailable
-from antwort_grpc.responses.service import Responses
+from antwort_grpc.responses.service import Responses, rejection
 
-__all__ = ["CONTROLS", "Call", "Compacted", "ConverseSink", "Encoded", "Front", "Metadata", "Sink"]
+__all__ = ["CONTROLS", "Call", "Compacted", "ConverseSink", "Encoded", "Front", "Metadata", "Sink", "rejection"]
 
 T = TypeVar("T")
 
@@ -89,8 +89,8 @@ class Front:
             size = request.ByteSize()
         else:
             size = request.size
-            reserved = self._reserve(call, request)
-            request = await self._decoded(call, request, reserved)
+            reserved = self.admit(call, request)
+            request = await self.decoded(call, request, reserved)
         if wants_durable(request.background, call.metadata):
             # It owns the reservation from here (a background run keeps it until it ends).
             await self._durable_create(call, request, size, reserved, sink)
@@ -114,7 +114,7 @@ class Front:
         kept = False
         try:
             async with self.edge.stream(call.method, call.identity, call.metadata, call.door) as watch:
-                durable = self._durability()
+                durable = self.durability()
                 # Admitted as any create; a background run keeps its room, and its slot of the
                 # principal's limit, until it ends here.
                 if reserved is None:
@@ -170,7 +170,7 @@ class Front:
         one. It reads a response that counts already: no slot of the principal's limit."""
         self._open(call.method)
         async with self.edge.stream(call.method, call.identity, call.metadata, call.door, limited=False) as watch:
-            durable = self._durability()
+            durable = self.durability()
             await durable.attach_check(response_id, call.owner, starting_after)
             await follow(durable, response_id, call.owner, starting_after, watch, sink, batched)
             watch.ended()
@@ -195,8 +195,8 @@ class Front:
             size = request.ByteSize()
         else:
             size = request.size
-            reserved = self._reserve(call, request)
-            request = await self._decoded(call, request, reserved)
+            reserved = self.admit(call, request)
+            request = await self.decoded(call, request, reserved)
         try:
             summarize = summarizing_request(request)
             async with self.edge.stream(call.method, call.identity, call.metadata, call.door) as watch:
@@ -208,23 +208,26 @@ class Front:
                 reserved.release()
         return summary_of(response)
 
-    def _reserve(self, call: Call, request: Encoded[object]) -> Reservation:
-        """Room for a response of this request, by its size, before it is decoded."""
+    def admit(self, call: Call, request: Encoded[object], counted: bool = True) -> Reservation:
+        """Room for a response of this request, by its size, before it is decoded. `counted`
+        False: a refusal is counted by whoever it is raised to (a session's watch)."""
         try:
             limit = self.responses.limits.max_request_bytes
             if limit and request.size > limit:
                 raise request.too_large(limit)
             return self.edge.admission.reserve(request.size)
         except RequestError as err:
-            self.edge.refused(call.method, err)
+            if counted:
+                self.edge.refused(call.method, err)
             raise
 
-    async def _decoded(self, call: Call, request: Encoded[T], reserved: Reservation) -> T:
+    async def decoded(self, call: Call, request: Encoded[T], reserved: Reservation, counted: bool = True) -> T:
+        """The request decoded; the room reserved for it given back when it does not decode."""
         try:
             decoded: T = await request.decode()
         except BaseException as err:
             reserved.release()
-            if isinstance(err, RequestError):
+            if counted and isinstance(err, RequestError):
                 self.edge.refused(call.method, err)
             raise
         return decoded
@@ -233,7 +236,7 @@ class Front:
         """Who calls, for the hook services (None: no hooks to tell)."""
         return call.caller() if self.responses.hooked else None
 
-    def _durability(self) -> Durability:
+    def durability(self) -> Durability:
         if self.durable is None:
             raise unavailable()
         return self.durable

@@ -80,7 +80,7 @@ class Session:
             first = True
             while (next_create := await self._next(idle_timeout)) is not None:
                 if isinstance(next_create, RequestError):
-                    raise next_create  # counted where it was found
+                    raise next_create  # counted by the session's watch as it ends the session
                 if isinstance(next_create, pb.AttachResponseRequest):
                     await self._attach(next_create)
                     first = False
@@ -113,20 +113,19 @@ class Session:
                 await self._stream(run, reader, admitted, request.batch_events)
         except RequestError as err:
             self.early = None
-            self.watch.refused(err)
             if first:
-                raise
+                raise  # counted by the session's watch, as it ends the session
+            self.watch.refused(err)
             await self._reject(err)
 
     async def _attach(self, request: pb.AttachResponseRequest) -> None:
         """Follow a response already running (its log), as a create's events would be."""
         try:
-            durable = self.front._durability()
+            durable = self.front.durability()
             await durable.attach_check(request.response_id, self.owner, request.starting_after)
         except RequestError as err:
             self.attached = None
-            self.watch.refused(err)
-            raise
+            raise  # counted by the session's watch, as it ends the session
         try:
             sink = _Locked(self)
             await follow(
@@ -149,7 +148,6 @@ class Session:
                 "open a new stream, and continue with previous_response_id",
                 reason="idle_timeout",
             )
-            self.watch.refused(idle)
             return idle
 
     async def _stream(self, run: Run, reader: asyncio.Task[None], admitted: Reservation, batched: bool) -> None:
@@ -217,17 +215,16 @@ class Session:
             try:
                 return await encoded.decode(), None
             except RequestError as err:
-                self.front.refuse(self.call.method, err)
-                return err
+                return err  # counted by the session's watch, as it ends the session
         try:
-            reserved = self.front._reserve(self.call, encoded)
+            reserved = self.front.admit(self.call, encoded, counted=not first)
         except RequestError as err:
             if first:
                 return err
             await self._reject(err)
             return None
         try:
-            return await self.front._decoded(self.call, encoded, reserved), reserved
+            return await self.front.decoded(self.call, encoded, reserved, counted=False), reserved
         except RequestError as err:
             return err
 
@@ -249,9 +246,7 @@ class Session:
             return first
         if first and which != "create":
             violation = FieldViolation("create", "the first message of a session starts a response")
-            refusal = invalid_argument([violation])
-            self.watch.refused(refusal)
-            self.creates.put_nowait(refusal)
+            self.creates.put_nowait(invalid_argument([violation]))
             return None
         if which == "create":
             if self.run is not None or self.early is not None or self.attached is not None:

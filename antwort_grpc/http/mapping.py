@@ -566,27 +566,34 @@ def usage_json(usage: pb.Usage) -> JSON:
     }
 
 
-def response_json(response: pb.Response, background: bool = False) -> JSON:
-    """A Response as the spec's ResponseResource (`background`: it was created in background)."""
+def _ending_json(response: pb.Response) -> JSON:
+    """How a response ended, as the spec's fields (all null while it runs)."""
     finished = response.HasField("completed_at") and response.status not in (
         S.RESPONSE_STATUS_QUEUED,
         S.RESPONSE_STATUS_IN_PROGRESS,
     )
     error = response.error if response.HasField("error") and response.error.code else None
     return {
-        "id": response.id,
-        "object": "response",
-        "created_at": response.created_at.seconds,
         "completed_at": response.completed_at.seconds if finished else None,
-        "status": STATUS_NAMES.get(response.status, "in_progress"),
         "incomplete_details": (
             {"reason": response.incomplete_details.reason} if response.HasField("incomplete_details") else None
         ),
+        "error": {"code": error.code, "message": error.message} if error is not None else None,
+    }
+
+
+def response_json(response: pb.Response, background: bool = False) -> JSON:
+    """A Response as the spec's ResponseResource (`background`: it was created in background)."""
+    return {
+        "id": response.id,
+        "object": "response",
+        "created_at": response.created_at.seconds,
+        "status": STATUS_NAMES.get(response.status, "in_progress"),
+        **_ending_json(response),
         "model": response.model,
         "previous_response_id": response.previous_response_id or None,
         "instructions": response.instructions or None,
         "output": [item_json(item) for item in response.output],
-        "error": {"code": error.code, "message": error.message} if error is not None else None,
         "tools": [tool_json(tool) for tool in response.tools],
         "tool_choice": tool_choice_json(response.tool_choice),
         "truncation": "auto" if response.truncation == pb.Truncation.TRUNCATION_AUTO else "disabled",
@@ -704,7 +711,6 @@ SPEC_EVENTS: dict[str, Callable[[Any], JSON]] = {
     "reasoning_text_delta": _reasoning_event("response.reasoning.delta", "delta"),
     "reasoning_text_done": _reasoning_event("response.reasoning.done", "text"),
 }
-TERMINAL = frozenset({"completed", "requires_action", "incomplete", "failed", "cancelled"})
 # Our events beyond the spec are sent as `antwort.<case>` to a client that asks for them.
 EXTENSION_PREFIX = "antwort."
 

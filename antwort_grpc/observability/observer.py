@@ -18,12 +18,12 @@ from opentelemetry import trace
 from antwort_grpc import pb, tracing
 from antwort_grpc.auth import current_identity
 from antwort_grpc.errors import RequestError
+from antwort_grpc.event_kinds import TERMINAL_EVENTS as TERMINAL
 from antwort_grpc.observability import logs
 from antwort_grpc.observability.context import Observation
 from antwort_grpc.observability.metrics import Metrics
 
 STREAMING_METHODS = frozenset({"CreateResponse", "Converse"})
-TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled", "requires_action"})
 DELTAS = frozenset({"output_text_delta", "refusal_delta", "reasoning_text_delta", "function_call_arguments_delta"})
 # The other events the observer reads.
 NOTED = TERMINAL | {"created", "hook_failed"}

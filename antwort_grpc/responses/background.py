@@ -26,6 +26,7 @@ from antwort_grpc import pb
 from antwort_grpc.engine import Engine
 from antwort_grpc.engine.durable import Resumed
 from antwort_grpc.engine.run import Run
+from antwort_grpc.event_kinds import TERMINAL_EVENTS as TERMINAL
 from antwort_grpc.storage.base import RUNNING, ResponseStore, StoredResponse
 from antwort_grpc.storage.runlog import Checkpoint, Claim, RunLog
 
@@ -35,7 +36,6 @@ log = logging.getLogger(__name__)
 # handed over) waits for its last events to be written.
 RETRY_WRITE = 0.2
 FINAL_WRITE = 5.0
-TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled", "requires_action"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -17,7 +18,6 @@ from antwort_grpc.config import GatewaySettings
 from antwort_grpc.core import Core
 from antwort_grpc.grpc_security import AuthInterceptor, server_credentials
 from antwort_grpc.grpc_server import ServerSpec, Serving, bound_address, start_server
-from antwort_grpc.observability.rpc_metrics import RpcMetrics
 from antwort_grpc.providers.base import ProviderHealth
 from antwort_grpc.server.connections import connection_options
 from antwort_grpc.server.decode import EVERY_MESSAGE, add_parsing_servicer
@@ -41,12 +41,23 @@ UNDECODED = {
 }
 
 
+class RpcMeasure(Protocol):
+    """Every RPC counted and timed, the ones authentication refuses too (observability's
+    RpcMetrics): each handler wrapped once, as it is added."""
+
+    def server(self, server: grpc.aio.Server) -> grpc.aio.Server: ...
+
+    def measure(self, method: str, handler: Any) -> Any: ...
+
+
 class GrpcDoor:
     """The core served over gRPC on `settings.listen`."""
 
-    def __init__(self, settings: GatewaySettings, core: Core) -> None:
+    def __init__(self, settings: GatewaySettings, core: Core, measured: RpcMeasure | None = None) -> None:
+        """`measured`: the per-RPC metrics the process root wraps every handler in (None: off)."""
         self.settings = settings
         self.core = core
+        self.measured = measured
         self.serving: Serving | None = None
         self.watcher: asyncio.Task[None] | None = None
         self._stopping: asyncio.Future[None] | None = None
@@ -71,9 +82,7 @@ class GrpcDoor:
         front = core.front
         credentials = server_credentials(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
         interceptors: list[grpc.aio.ServerInterceptor] = []
-        metrics = core.observability.metrics if core.observability is not None else None
-        # Every RPC counted and timed, the ones authentication refuses too: each handler wrapped once.
-        rpc = RpcMetrics(metrics) if metrics is not None else None
+        rpc = self.measured
         if core.authenticator is not None:
             measure = rpc.measure if rpc is not None else None
             interceptors.append(AuthInterceptor(core.authenticator, refused=front.refuse, measure=measure))

@@ -7,7 +7,7 @@ from typing import Any
 
 from antwort_grpc import pb
 from antwort_grpc.errors import RequestError
-from antwort_grpc.responses.service import rejection
+from antwort_grpc.front import rejection
 from antwort_grpc.server.decode import EventMessage
 from antwort_grpc.server.event_messages import FROM_WIRE, wire_messages
 
