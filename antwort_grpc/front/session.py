@@ -123,7 +123,7 @@ class Session:
         try:
             durable = self.front.durability()
             await durable.attach_check(request.response_id, self.owner, request.starting_after)
-        except RequestError as err:
+        except RequestError:
             self.attached = None
             raise  # counted by the session's watch, as it ends the session
         try:
