@@ -74,7 +74,7 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
             "protowire.py",
             "servicer.py:_message",
             "_message (",
-            "server/batching.py",
+            "front/batching.py",
             "decode.py:187",
             "decode.py:186",
             "unary_stream",
