@@ -12,9 +12,10 @@ once the process stops taking it.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import grpc
+from google.protobuf.message import Message
 
 from antwort_grpc import pb
 from antwort_grpc.auth.identity import AuthError, Identity
@@ -32,6 +33,7 @@ from antwort_grpc.responses.service import Responses, rejection
 __all__ = ["CONTROLS", "Call", "Compacted", "ConverseSink", "Encoded", "Front", "Metadata", "Sink", "rejection"]
 
 T = TypeVar("T")
+M = TypeVar("M", bound=Message)
 
 # How long a client refused during shutdown is asked to wait: another replica takes it meanwhile.
 CLOSING_RETRY = 1.0
@@ -83,14 +85,7 @@ class Front:
         """Run a response and send its events: every event when the request streams (batched when
         it asks), else only the last (a non-streaming answer drains the same stream). A background
         or idempotent create goes through `durable`."""
-        self._open(call.method)
-        reserved: Reservation | None = None
-        if isinstance(request, pb.CreateResponseRequest):
-            size = request.ByteSize()
-        else:
-            size = request.size
-            reserved = self.admit(call, request)
-            request = await self.decoded(call, request, reserved)
+        request, size, reserved = await self._taken(call, request, pb.CreateResponseRequest)
         if wants_durable(request.background, call.metadata):
             # It owns the reservation from here (a background run keeps it until it ends).
             await self._durable_create(call, request, size, reserved, sink)
@@ -189,14 +184,7 @@ class Front:
         self, call: Call, request: pb.CompactConversationRequest | Encoded[pb.CompactConversationRequest]
     ) -> Compacted:
         """The conversation summarized by the model into one item that stands for it as input."""
-        self._open(call.method)
-        reserved: Reservation | None = None
-        if isinstance(request, pb.CompactConversationRequest):
-            size = request.ByteSize()
-        else:
-            size = request.size
-            reserved = self.admit(call, request)
-            request = await self.decoded(call, request, reserved)
+        request, size, reserved = await self._taken(call, request, pb.CompactConversationRequest)
         try:
             summarize = summarizing_request(request)
             async with self.edge.stream(call.method, call.identity, call.metadata, call.door) as watch:
@@ -207,6 +195,18 @@ class Front:
             if reserved is not None:
                 reserved.release()
         return summary_of(response)
+
+    async def _taken(
+        self, call: Call, request: M | Encoded[M], decoded_type: type[M]
+    ) -> tuple[M, int, Reservation | None]:
+        """A request that starts a response, taken in: decoded already (its size measured), or
+        admitted by its size first and then decoded (the room reserved for it returned)."""
+        self._open(call.method)
+        if isinstance(request, decoded_type):
+            return request, request.ByteSize(), None
+        encoded = cast("Encoded[M]", request)
+        reserved = self.admit(call, encoded)
+        return await self.decoded(call, encoded, reserved), encoded.size, reserved
 
     def admit(self, call: Call, request: Encoded[object], counted: bool = True) -> Reservation:
         """Room for a response of this request, by its size, before it is decoded. `counted`

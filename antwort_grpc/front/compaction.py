@@ -37,17 +37,25 @@ class Compacted:
 def summarizing_request(compact: pb.CompactConversationRequest) -> pb.CreateResponseRequest:
     """The response that summarizes the conversation `compact` names."""
     request = pb.CreateResponseRequest(model=compact.model, previous_response_id=compact.previous_response_id)
-    which = compact.WhichOneof("input")
-    if which == "input_text":
-        request.input_text = compact.input_text
-    elif which == "input_items":
-        request.input_items.CopyFrom(compact.input_items)
+    copy_input(compact, request)
     request.instructions = COMPACT_INSTRUCTIONS
     if compact.instructions:
         request.instructions += "\n\nThe conversation ran under these instructions:\n" + compact.instructions
     request.store = False
     request.tool_choice.mode = pb.ToolChoiceMode.TOOL_CHOICE_MODE_NONE
     return request
+
+
+def copy_input(
+    source: pb.CreateResponseRequest | pb.CompactConversationRequest,
+    target: pb.CreateResponseRequest | pb.CompactConversationRequest,
+) -> None:
+    """The conversation's input (text or items), from one request to the other."""
+    which = source.WhichOneof("input")
+    if which == "input_text":
+        target.input_text = source.input_text
+    elif which == "input_items":
+        target.input_items.CopyFrom(source.input_items)
 
 
 def summary_of(response: pb.Response) -> Compacted:

@@ -6,7 +6,7 @@ it summarizes (mapping.py reads it as a developer message holding the summary)."
 from __future__ import annotations
 
 from antwort_grpc import pb
-from antwort_grpc.front import Compacted
+from antwort_grpc.front.compaction import Compacted, copy_input
 from antwort_grpc.http.jsonread import JSON, fail, obj, string
 from antwort_grpc.http.mapping import compaction_content, create_request, usage_json
 from antwort_grpc.ids import new_id
@@ -26,11 +26,7 @@ def compaction_request(body: object) -> pb.CompactConversationRequest:
     parameters = {key: entry[key] for key in ("model", "input", "previous_response_id") if key in entry}
     create = create_request(parameters).request
     compact = pb.CompactConversationRequest(model=create.model, previous_response_id=create.previous_response_id)
-    which = create.WhichOneof("input")
-    if which == "input_text":
-        compact.input_text = create.input_text
-    elif which == "input_items":
-        compact.input_items.CopyFrom(create.input_items)
+    copy_input(create, compact)
     theirs = entry.get("instructions")
     if theirs is not None:
         compact.instructions = string(theirs, "instructions")

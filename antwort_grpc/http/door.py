@@ -190,14 +190,7 @@ class HttpDoor:
     async def create(self, request: web.Request) -> web.StreamResponse:
         body = _Body(await self._body(request), _create_request)
         sink = EventWriter(request, _extended(request), body)
-        call = _call(request, "CreateResponse")
-        try:
-            await self.front.create(call, body, sink)
-        except RequestError as err:
-            if sink.response is None:
-                raise
-            await sink.error(err)
-        return await sink.answer()
+        return await sink.answered(self.front.create(_call(request, "CreateResponse"), body, sink))
 
     async def compact(self, request: web.Request) -> web.Response:
         """The spec's compaction: the conversation summarized by the model into one item."""
@@ -218,14 +211,9 @@ class HttpDoor:
         live ones to the terminal event — AttachResponse's reading, the same sequence numbers."""
         starting_after = _query_int(request.query.get("starting_after"), "starting_after")
         sink = EventWriter(request, _extended(request), None)
-        try:
-            await self.front.attach(_call(request, "AttachResponse"), response_id, starting_after, sink)
-        except RequestError as err:
-            # Checked before the headers go out: a bad attach is an error object, not a stream.
-            if sink.response is None:
-                raise
-            await sink.error(err)
-        return await sink.answer()
+        return await sink.answered(
+            self.front.attach(_call(request, "AttachResponse"), response_id, starting_after, sink)
+        )
 
     async def delete(self, request: web.Request) -> web.Response:
         response_id = request.match_info["id"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -86,6 +86,17 @@ class EventWriter:
         assert self.response is not None
         with contextlib.suppress(ConnectionError):
             await self.response.write(sse({"type": "error", "sequence_number": self.number + 1, "error": payload}))
+
+    async def answered(self, work: Awaitable[None]) -> web.StreamResponse:
+        """What the handler returns once the core's `work` is done: an error before the first
+        event is raised (the error object), one after it is the stream's last event."""
+        try:
+            await work
+        except RequestError as err:
+            if self.response is None:
+                raise
+            await self.error(err)
+        return await self.answer()
 
     async def answer(self) -> web.StreamResponse:
         """What the handler returns: the stream, ended; else the JSON of the last event's response."""

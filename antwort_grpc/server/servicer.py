@@ -5,8 +5,8 @@ the core admits it by its size before it is decoded, decode.py), events out as s
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any, TypeAlias
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeAlias, TypeVar
 
 from antwort_grpc import pb
 from antwort_grpc.auth import current_identity
@@ -18,12 +18,22 @@ from antwort_grpc.server.sinks import ConverseWriter, StreamWriter
 
 # grpc ships no type information: the servicer context is untyped.
 Context: TypeAlias = Any
+T = TypeVar("T")
 
 
 def call_of(method: str, context: Context) -> Call:
     """The call as the core takes it: who calls (set by the authentication interceptor), the
     metadata, the time left."""
     return Call(method, current_identity.get(), context.invocation_metadata() or (), context.time_remaining())
+
+
+async def answered(context: Context, work: Awaitable[T]) -> T:
+    """What `work` answers; a RequestError it raises ends the call with its status."""
+    try:
+        return await work
+    except RequestError as err:
+        await abort(context, err)
+        raise AssertionError("unreachable") from err
 
 
 class ResponsesServicer(pb.ResponsesServiceServicer):
@@ -33,77 +43,48 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
     async def CreateResponse(self, request: Encoded[pb.CreateResponseRequest], context: Context) -> None:
         # `request` arrives undecoded (decode.py): the core admits it first. Batched or not is
         # read from it by the core; the sink writes whichever it is given.
-        try:
-            await self.front.create(call_of("CreateResponse", context), request, StreamWriter(context, CREATE_EVENTS))
-        except RequestError as err:
-            await abort(context, err)
+        sink = StreamWriter(context, CREATE_EVENTS)
+        await answered(context, self.front.create(call_of("CreateResponse", context), request, sink))
 
     async def AttachResponse(self, request: pb.AttachResponseRequest, context: Context) -> None:
         call, sink = call_of("AttachResponse", context), StreamWriter(context, ATTACH_EVENTS)
-        try:
-            await self.front.attach(call, request.response_id, request.starting_after, sink, request.batch_events)
-        except RequestError as err:
-            await abort(context, err)
+        await answered(
+            context, self.front.attach(call, request.response_id, request.starting_after, sink, request.batch_events)
+        )
 
     async def Converse(self, requests: AsyncIterator[Encoded[pb.ConverseRequest]], context: Context) -> None:
-        try:
-            await self.front.converse(call_of("Converse", context), requests, ConverseWriter(context, CONVERSE_EVENTS))
-        except RequestError as err:
-            await abort(context, err)
+        sink = ConverseWriter(context, CONVERSE_EVENTS)
+        await answered(context, self.front.converse(call_of("Converse", context), requests, sink))
 
     async def ControlResponse(self, request: pb.ControlResponseRequest, context: Context) -> pb.ControlResponseResponse:
-        try:
-            call = call_of("ControlResponse", context)
-            return pb.ControlResponseResponse(
-                response=await self.front.control(call, request.response_id, request.control)
-            )
-        except RequestError as err:
-            await abort(context, err)
-            raise AssertionError("unreachable") from err
+        control = self.front.control(call_of("ControlResponse", context), request.response_id, request.control)
+        return pb.ControlResponseResponse(response=await answered(context, control))
 
     async def GetResponse(self, request: pb.GetResponseRequest, context: Context) -> pb.GetResponseResponse:
-        try:
-            response = await self.front.get(call_of("GetResponse", context), request.response_id)
-            return pb.GetResponseResponse(response=response)
-        except RequestError as err:
-            await abort(context, err)
-            raise AssertionError("unreachable") from err
+        got = self.front.get(call_of("GetResponse", context), request.response_id)
+        return pb.GetResponseResponse(response=await answered(context, got))
 
     async def DeleteResponse(self, request: pb.DeleteResponseRequest, context: Context) -> pb.DeleteResponseResponse:
-        try:
-            await self.front.delete(call_of("DeleteResponse", context), request.response_id)
-        except RequestError as err:
-            await abort(context, err)
+        await answered(context, self.front.delete(call_of("DeleteResponse", context), request.response_id))
         return pb.DeleteResponseResponse(response_id=request.response_id, deleted=True)
 
     async def CancelResponse(self, request: pb.CancelResponseRequest, context: Context) -> pb.CancelResponseResponse:
-        try:
-            response = await self.front.cancel(call_of("CancelResponse", context), request.response_id)
-            return pb.CancelResponseResponse(response=response)
-        except RequestError as err:
-            await abort(context, err)
-            raise AssertionError("unreachable") from err
+        cancelled = self.front.cancel(call_of("CancelResponse", context), request.response_id)
+        return pb.CancelResponseResponse(response=await answered(context, cancelled))
 
     async def ListInputItems(self, request: pb.ListInputItemsRequest, context: Context) -> pb.ListInputItemsResponse:
-        try:
-            return await self.front.list_input_items(
-                call_of("ListInputItems", context),
-                request.response_id,
-                limit=request.limit,
-                after=request.after,
-                descending=request.order == pb.ListOrder.LIST_ORDER_DESC,
-            )
-        except RequestError as err:
-            await abort(context, err)
-            raise AssertionError("unreachable") from err
+        page = self.front.list_input_items(
+            call_of("ListInputItems", context),
+            request.response_id,
+            limit=request.limit,
+            after=request.after,
+            descending=request.order == pb.ListOrder.LIST_ORDER_DESC,
+        )
+        return await answered(context, page)
 
     async def CompactConversation(
         self, request: Encoded[pb.CompactConversationRequest], context: Context
     ) -> pb.CompactConversationResponse:
-        try:
-            compacted = await self.front.compact(call_of("CompactConversation", context), request)
-        except RequestError as err:
-            await abort(context, err)
-            raise AssertionError("unreachable") from err
+        compacted = await answered(context, self.front.compact(call_of("CompactConversation", context), request))
         response = compacted.response
         return pb.CompactConversationResponse(id=response.id, summary=compacted.item(), usage=response.usage)
