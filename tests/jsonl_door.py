@@ -65,7 +65,7 @@ class _Lines:
     async def event(self, event: pb.StreamEvent, wire: bytes | None) -> None:
         await self.line(json_format.MessageToDict(event))
 
-    async def batch(self, events: Sequence[pb.StreamEvent], wires: Sequence[bytes | None]) -> None:
+    async def batch(self, events: Sequence[pb.StreamEvent], wires: Sequence[bytes]) -> None:
         for event in events:
             await self.event(event, None)
 

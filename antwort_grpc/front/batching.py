@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Callable, Generator
+from collections.abc import AsyncGenerator, Callable, Generator, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -37,7 +37,7 @@ T = TypeVar("T")
 BATCH_BYTES = 1024 * 1024
 
 
-def parted(wires: list[bytes], limit: int) -> list[list[bytes]]:
+def parted(wires: Sequence[bytes], limit: int) -> list[list[bytes]]:
     """`wires` in order, in runs of at most `limit` bytes together (a longer one alone)."""
     parts: list[list[bytes]] = []
     part: list[bytes] = []

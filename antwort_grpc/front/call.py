@@ -67,8 +67,9 @@ class Sink(Protocol):
         """One event; `wire`: its bytes when the engine serialized it already (else None)."""
         ...
 
-    async def batch(self, events: Sequence[pb.StreamEvent], wires: Sequence[bytes | None]) -> None:
-        """Events produced at the same moment (a request's batch_events), in order."""
+    async def batch(self, events: Sequence[pb.StreamEvent], wires: Sequence[bytes]) -> None:
+        """Events produced at the same moment (a request's batch_events), in order, each with its
+        bytes."""
         ...
 
     async def logged(self, wires: Sequence[bytes], batched: bool) -> None:

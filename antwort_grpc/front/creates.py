@@ -62,7 +62,8 @@ async def _batched(run: Run, events: Events, watch: Watch, sink: Sink) -> None:
             if len(batch) == 1:
                 await sink.event(batch[0], run.take_wire(batch[0]))
             else:
-                await sink.batch(batch, [run.take_wire(event) for event in batch])
+                take = run.take_wire
+                await sink.batch(batch, [take(event) or event.SerializeToString() for event in batch])
     finally:
         await batched.aclose()
 

@@ -182,7 +182,8 @@ class Session:
             if len(batch) == 1:
                 await self.sink.event(batch[0], run.take_wire(batch[0]))
             else:
-                await self.sink.batch(batch, [run.take_wire(event) for event in batch])
+                take = run.take_wire
+                await self.sink.batch(batch, [take(event) or event.SerializeToString() for event in batch])
 
     async def _read(self) -> None:
         try:
@@ -300,7 +301,7 @@ class _Locked:
         async with self.session.writing:
             await self.session.sink.event(event, wire)
 
-    async def batch(self, events: Sequence[pb.StreamEvent], wires: Sequence[bytes | None]) -> None:
+    async def batch(self, events: Sequence[pb.StreamEvent], wires: Sequence[bytes]) -> None:
         async with self.session.writing:
             await self.session.sink.batch(events, wires)
 

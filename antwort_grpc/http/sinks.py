@@ -40,40 +40,40 @@ class EventWriter:
         self.response: web.StreamResponse | None = None
         self.last: pb.StreamEvent | None = None
         self.number = 0
+        # Whether the response in the events was created in background (known once the core has
+        # decoded the request: at the first event).
+        self.background = body is None
 
-    @property
-    def streaming(self) -> bool:
+    def _streams(self) -> bool:
         decoded = self.body.decoded if self.body is not None else None
+        if decoded is not None:
+            self.background = decoded.background
         return decoded is None or decoded.stream
 
-    @property
-    def background(self) -> bool:
-        decoded = self.body.decoded if self.body is not None else None
-        return decoded is None or decoded.background
-
     async def event(self, event: pb.StreamEvent, wire: bytes | None) -> None:
-        if self.streaming:
-            await self._write(event)
-        else:
-            self.last = event
-
-    async def batch(self, events: Sequence[pb.StreamEvent], wires: Sequence[bytes | None]) -> None:
-        for event in events:
-            await self._write(event)
-
-    async def logged(self, wires: Sequence[bytes], batched: bool) -> None:
-        for data in wires:
-            await self._write(pb.StreamEvent.FromString(data))
-
-    async def _write(self, event: pb.StreamEvent) -> None:
         response = self.response
         if response is None:
-            response = self.response = web.StreamResponse(headers=SSE_HEADERS)
-            await response.prepare(self.request)
+            if not self._streams():
+                self.last = event
+                return
+            response = await self._prepare()
         self.number = event.sequence_number
         body = event_json(event, self.extended, self.background)
         if body is not None:
             await response.write(sse(body))
+
+    async def batch(self, events: Sequence[pb.StreamEvent], wires: Sequence[bytes]) -> None:
+        for event in events:
+            await self.event(event, None)
+
+    async def logged(self, wires: Sequence[bytes], batched: bool) -> None:
+        for data in wires:
+            await self.event(pb.StreamEvent.FromString(data), None)
+
+    async def _prepare(self) -> web.StreamResponse:
+        response = self.response = web.StreamResponse(headers=SSE_HEADERS)
+        await response.prepare(self.request)
+        return response
 
     async def error(self, err: BaseException) -> None:
         """After the headers went out an error can only be an event (the spec's `error`): the

@@ -14,7 +14,7 @@ was decoded has cost them all.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -133,7 +133,7 @@ class EventBatch:
 
     __slots__ = ("field", "wires")
 
-    def __init__(self, wires: list[bytes], field: int) -> None:
+    def __init__(self, wires: Sequence[bytes], field: int) -> None:
         self.wires = wires
         self.field = field
 

@@ -4,6 +4,8 @@ and for events read back from a background response's log."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from antwort_grpc import pb
 from antwort_grpc.front.batching import BATCH_BYTES, parted
 from antwort_grpc.server.decode import EventBatch, EventMessage
@@ -19,7 +21,7 @@ ATTACH_EVENTS: int = pb.AttachResponseResponse.DESCRIPTOR.fields_by_name["events
 FROM_WIRE = pb.StreamEvent()
 
 
-def wire_messages(wires: list[bytes], field: int) -> list[Message]:
+def wire_messages(wires: Sequence[bytes], field: int) -> list[Message]:
     """Serialized events in as few messages as BATCH_BYTES allows; one alone goes in `event`."""
     if len(wires) > 1 and sum(map(len, wires)) <= BATCH_BYTES:
         return [EventBatch(wires, field)]

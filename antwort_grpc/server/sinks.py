@@ -25,9 +25,8 @@ class StreamWriter:
     async def event(self, event: pb.StreamEvent, wire: bytes | None) -> None:
         await self.context.write(EventMessage(event, wire))
 
-    async def batch(self, events: Sequence[pb.StreamEvent], wires: Sequence[bytes | None]) -> None:
-        serialized = [wire or event.SerializeToString() for event, wire in zip(events, wires, strict=True)]
-        for message in wire_messages(serialized, self.field):
+    async def batch(self, events: Sequence[pb.StreamEvent], wires: Sequence[bytes]) -> None:
+        for message in wire_messages(wires, self.field):
             await self.context.write(message)
 
     async def logged(self, wires: Sequence[bytes], batched: bool) -> None:
@@ -36,7 +35,7 @@ class StreamWriter:
             for data in wires:
                 await write(EventMessage(FROM_WIRE, data))
             return
-        for message in wire_messages(list(wires), self.field):
+        for message in wire_messages(wires, self.field):
             await write(message)
 
 
