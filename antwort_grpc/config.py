@@ -144,8 +144,18 @@ class GatewaySettings(BaseSettings):
     jwt_leeway_seconds: float = 30.0
     # Least seconds between two fetches of a JWKS URL (a token with an unknown key id fetches it).
     jwt_jwks_refresh_seconds: float = 30.0
-    # Responses one principal may run at once (CreateResponse, Converse); 0: no limit.
-    max_concurrent_responses: int = 0
+    # Responses one principal may run at once (CreateResponse, Converse); 0: no limit. Unset:
+    # with authentication, `principal_share` of the running cap (one caller cannot take every
+    # slot); without it every caller is the same principal, so no limit.
+    max_concurrent_responses: int | None = Field(default=None, ge=0)
+    # The fraction of the running cap one principal may hold by default (see above).
+    principal_share: float = Field(default=0.5, gt=0, le=1)
+    # The fraction of the running cap one principal's background responses may hold (they run
+    # with nobody connected); with authentication only, as above.
+    background_share: float = Field(default=0.25, gt=0, le=1)
+    # A background response without a max_duration of its own (nor a server maximum) ends
+    # INCOMPLETE (max_duration) after this many seconds; 0: never.
+    background_max_duration: float = Field(default=3600.0, ge=0)
     # Responses the whole gateway runs at once; unset: 512 per CPU core the process may use
     # (docs/limits.md); 0: no limit.
     max_running_responses: int | None = Field(default=None, ge=0)
@@ -155,6 +165,9 @@ class GatewaySettings(BaseSettings):
     # Seconds a Converse stream may stay open with no response running before it is closed
     # (DEADLINE_EXCEEDED, reason idle_timeout); 0: never.
     converse_idle_timeout: float = Field(default=600.0, ge=0)
+    # Seconds a stream's write may stay blocked because its client reads nothing before the stream
+    # is ended (its response stored, its slot freed; a background run goes on); 0: never.
+    stream_write_timeout: float = Field(default=30.0, ge=0)
     # gRPC server reflection (grpcurl's `list`, `describe`); behind authentication like every RPC.
     reflection: bool = True
     # TLS on the gRPC port: certificate chain and key (PEM); with a client CA, mutual TLS (callers

@@ -10,6 +10,7 @@ streams. The process root (gateway.py) calls both and opens the doors.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -145,6 +146,7 @@ class Core:
         for unsubscribe in self.unsubscribe:
             unsubscribe()
         self.unsubscribe = []
+        self.front.stalls.close()
         if self.observability is not None:
             self.observability.stop()
         if self.engine.config.hooks is not None:
@@ -174,9 +176,14 @@ async def build_core(settings: GatewaySettings, parts: Parts) -> Core:
             hooks=await start_hooks(settings),
         ),
     )
-    limit = ConcurrencyLimit(settings.max_concurrent_responses) if settings.max_concurrent_responses > 0 else None
+    admits = admission(settings)
+    per_principal, background = principal_limits(settings, admits.max_running, authenticator is not None)
     edge = Edge(
-        authenticator, limit, observability.observer() if observability is not None else None, admission(settings)
+        authenticator,
+        ConcurrencyLimit(per_principal) if per_principal else None,
+        observability.observer() if observability is not None else None,
+        admits,
+        ConcurrencyLimit(background) if background else None,
     )
     responses = Responses(engine, store, request_limits(settings), capabilities_of(parts.provider))
     core = Core(provider, store, executors, engine, responses, edge, authenticator, observability)
@@ -185,7 +192,14 @@ async def build_core(settings: GatewaySettings, parts: Parts) -> Core:
         core.durable = responses.durable = Durability(responses, runlog, durable_settings(settings))
         # A run taken over from another replica counts against this one's admission.
         core.durable.background.admits = edge
-    core.front = Front(responses, edge, core.durable, settings.converse_idle_timeout)
+    core.front = Front(
+        responses,
+        edge,
+        core.durable,
+        settings.converse_idle_timeout,
+        settings.stream_write_timeout,
+        settings.background_max_duration,
+    )
     return core
 
 
@@ -213,6 +227,17 @@ def admission(settings: GatewaySettings) -> Admission:
         max_running=machine.per_core(RUNNING_PER_CORE) if running is None else running,
         memory_budget=machine.memory_bytes() // MEMORY_BUDGET_SHARE if budget is None else budget,
     )
+
+
+def principal_limits(settings: GatewaySettings, running_cap: int, authenticates: bool) -> tuple[int, int]:
+    """How many responses, and background responses, one principal may run at once (0: no limit).
+    Without authentication every caller is the same principal: no share applies."""
+    shared = authenticates and running_cap > 0
+    per_principal = settings.max_concurrent_responses
+    if per_principal is None:
+        per_principal = max(1, math.ceil(running_cap * settings.principal_share)) if shared else 0
+    background = max(1, math.ceil(running_cap * settings.background_share)) if shared else 0
+    return per_principal, background
 
 
 def request_limits(settings: GatewaySettings) -> Limits:

@@ -287,11 +287,33 @@ class Edge:
         limit: ConcurrencyLimit | None = None,
         observer: Observer | None = None,
         admission: Admission | None = None,
+        background: ConcurrencyLimit | None = None,
     ) -> None:
         self.authenticator = authenticator
         self.limit = limit
         self.observer = observer
         self.admission = admission or Admission()
+        # How many background responses each principal runs at once (None: no limit of its own).
+        self.background = background
+
+    def background_slot(self, method: str, identity: Identity | None) -> Callable[[], None]:
+        """A place among the principal's background runs, held until what this returns is
+        called; RESOURCE_EXHAUSTED (too_many_background) when it has none left."""
+        limit = self.background
+        if limit is None:
+            return _nothing
+        principal = identity.principal if identity is not None else ""
+        if not limit.acquire(principal):
+            refusal = RequestError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"at most {limit.limit} background responses may run at once for one caller "
+                "(ANTWORT_BACKGROUND_SHARE of the running cap)",
+                reason="too_many_background",
+                retry_after=RETRY_PUSHBACK,
+            )
+            self.refused(method, refusal)
+            raise refusal
+        return lambda: limit.release(principal)
 
     @property
     def authenticates(self) -> bool:
@@ -359,6 +381,10 @@ class Edge:
             limit.release(principal)
 
         return release
+
+
+def _nothing() -> None:
+    pass
 
 
 def principal_of(owner: str) -> str | None:

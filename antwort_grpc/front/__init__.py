@@ -11,7 +11,7 @@ once the process stops taking it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TypeVar, cast
 
 import grpc
@@ -26,6 +26,7 @@ from antwort_grpc.front.compaction import Compacted, summarizing_request, summar
 from antwort_grpc.front.controls import CONTROLS
 from antwort_grpc.front.creates import deliver, drain, follow, wants_durable
 from antwort_grpc.front.session import ConverseSink, Session
+from antwort_grpc.front.stalls import Guard, StallWatch
 from antwort_grpc.hooks.service import Caller
 from antwort_grpc.responses.durable import Begun, Durability, idempotency_key, unavailable
 from antwort_grpc.responses.service import Responses, rejection
@@ -41,11 +42,21 @@ CLOSING_RETRY = 1.0
 
 class Front:
     def __init__(
-        self, responses: Responses, edge: Edge, durable: Durability | None = None, converse_idle_timeout: float = 0.0
+        self,
+        responses: Responses,
+        edge: Edge,
+        durable: Durability | None = None,
+        converse_idle_timeout: float = 0.0,
+        write_timeout: float = 0.0,
+        background_max_duration: float = 0.0,
     ) -> None:
         self.responses = responses
         self.edge = edge
         self.durable = durable
+        # A stream whose client reads nothing for this long is ended (stalls.py); 0: never.
+        self.stalls = StallWatch(write_timeout)
+        # What bounds a background response that bounds itself by nothing; 0: nothing.
+        self.background_max_duration = background_max_duration
         # Seconds a Converse session may wait with no response running; 0: for ever.
         self.converse_idle_timeout = converse_idle_timeout
         # Set by the process root when the drain ends: from then on every door refuses new work.
@@ -94,11 +105,11 @@ class Front:
             edge = self.edge
             async with edge.stream(call.method, call.identity, call.metadata, call.door) as watch:
                 # Admitted before it was decoded (the reservation taken over), else now.
-                with edge.response(size, reserved):
+                with edge.response(size, reserved), self.stalls.guarding() as guard:
                     run = await self.responses.create(
                         request, owner=call.owner, timeout=call.timeout, caller=self._caller(call)
                     )
-                    await deliver(run, request, watch, sink)
+                    await deliver(run, request, watch, sink, guard)
         finally:
             if reserved is not None:
                 reserved.release()  # taken over by the response (then released already), else here
@@ -107,6 +118,7 @@ class Front:
         self, call: Call, request: pb.CreateResponseRequest, size: int, reserved: Reservation | None, sink: Sink
     ) -> None:
         kept = False
+        holds: list[Callable[[], None]] = [reserved.release] if reserved is not None else []
         try:
             async with self.edge.stream(call.method, call.identity, call.metadata, call.door) as watch:
                 durable = self.durability()
@@ -114,6 +126,10 @@ class Front:
                 # principal's limit, until it ends here.
                 if reserved is None:
                     reserved = self.edge.admission.reserve(size)
+                    holds.append(reserved.release)
+                if request.background:
+                    holds.append(self.edge.background_slot(call.method, call.identity))
+                    request = self._bounded(request)
                 key = idempotency_key(call.metadata)
                 begun = await durable.begin(
                     request, owner=call.owner, key=key, timeout=call.timeout, caller=self._caller(call)
@@ -121,15 +137,29 @@ class Front:
                 runner = begun.runner
                 if runner is not None:
                     kept = True
-                    runner.hold(reserved.release)
+                    for release in holds:
+                        runner.hold(release)
                     slot = watch.keep_slot()
                     if slot is not None:
                         runner.hold(slot)
-                await self._answer_begun(call, request, durable, begun, watch, sink)
+                with self.stalls.guarding() as guard:
+                    await self._answer_begun(call, request, durable, begun, watch, sink, guard)
                 watch.ended()
         finally:
-            if reserved is not None and not kept:
-                reserved.release()
+            if not kept:
+                for release in holds:
+                    release()
+
+    def _bounded(self, request: pb.CreateResponseRequest) -> pb.CreateResponseRequest:
+        """A background request with the default bound of its duration when it has none (nobody
+        is connected to end it)."""
+        default = self.background_max_duration
+        if not default or request.limits.HasField("max_duration") or self.responses.engine.server_limits.max_duration:
+            return request
+        bounded = pb.CreateResponseRequest()
+        bounded.CopyFrom(request)
+        bounded.limits.max_duration.FromNanoseconds(int(default * 1e9))
+        return bounded
 
     async def _answer_begun(
         self,
@@ -139,24 +169,26 @@ class Front:
         begun: Begun,
         watch: Watch,
         sink: Sink,
+        guard: Guard,
     ) -> None:
         """What a background or idempotent create answers."""
         runner = begun.runner
         if begun.run is not None and runner is None:
             # An idempotent create that is not background: this call owns it, as any create.
-            await deliver(begun.run, request, watch, sink)
-        elif runner is not None and not request.stream:
-            event, wire = await runner.first
-            watch.saw(event)
-            await sink.event(event, wire)
+            await deliver(begun.run, request, watch, sink, guard)
         elif request.stream and begun.logged:
             await durable.attach_check(begun.response_id, call.owner, 0)
-            await follow(durable, begun.response_id, call.owner, 0, watch, sink, request.batch_events)
+            await follow(durable, begun.response_id, call.owner, 0, watch, sink, guard, request.batch_events)
         else:
-            # A retried create: the response as stored (one that is not background: once it ended).
-            event = await durable.stored_answer(begun, call.owner)
+            # At once, the background run's first event; else, a retried create, the response as
+            # stored (one that is not background: once it ended).
+            if runner is not None:
+                event, wire = await runner.first
+            else:
+                event, wire = await durable.stored_answer(begun, call.owner), None
             watch.saw(event)
-            await sink.event(event, None)
+            guard.writing = True
+            await sink.event(event, wire)
 
     async def attach(
         self, call: Call, response_id: str, starting_after: int, sink: Sink, batched: bool = False
@@ -167,7 +199,8 @@ class Front:
         async with self.edge.stream(call.method, call.identity, call.metadata, call.door, limited=False) as watch:
             durable = self.durability()
             await durable.attach_check(response_id, call.owner, starting_after)
-            await follow(durable, response_id, call.owner, starting_after, watch, sink, batched)
+            with self.stalls.guarding() as guard:
+                await follow(durable, response_id, call.owner, starting_after, watch, sink, guard, batched)
             watch.ended()
 
     async def converse(
@@ -176,8 +209,9 @@ class Front:
         """A session: responses one after another on one stream, controls for the one running."""
         self._open(call.method)
         async with self.edge.stream(call.method, call.identity, call.metadata, call.door) as watch:
-            session = Session(self, call, requests, sink, watch)
-            await session.serve(self.converse_idle_timeout)
+            with self.stalls.guarding() as guard:
+                session = Session(self, call, requests, sink, watch, guard)
+                await session.serve(self.converse_idle_timeout)
             watch.ended()
 
     async def compact(

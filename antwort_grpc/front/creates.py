@@ -12,6 +12,7 @@ from antwort_grpc.engine.run import Run
 from antwort_grpc.event_kinds import is_terminal, terminal_response
 from antwort_grpc.front.batching import batches
 from antwort_grpc.front.call import Sink
+from antwort_grpc.front.stalls import Guard
 from antwort_grpc.responses.durable import IDEMPOTENCY_KEY, Durability
 
 Events = AsyncGenerator[pb.StreamEvent, None]
@@ -28,29 +29,34 @@ def wants_durable(background: bool, metadata: Collection[tuple[str, Any]]) -> bo
     return False
 
 
-async def deliver(run: Run, request: pb.CreateResponseRequest, watch: Watch, sink: Sink) -> None:
-    """Run `run` to its end, its events to `sink` as the request asks."""
+async def deliver(run: Run, request: pb.CreateResponseRequest, watch: Watch, sink: Sink, guard: Guard) -> None:
+    """Run `run` to its end, its events to `sink` as the request asks; `guard` marks each write
+    (a client that stops reading is cut, stalls.py)."""
     # Closed with this call, however it ends (try/finally: aclosing's two calls, per request).
     events = run.events()
     try:
         if request.stream and request.batch_events:
-            await _batched(run, events, watch, sink)
+            await _batched(run, events, watch, sink, guard)
         elif request.stream:
             observing = watch.observing
             async for event in events:
                 if observing:
                     watch.saw(event)
+                guard.writing = True
                 await sink.event(event, run.take_wire(event))
+                guard.writing = False
+                guard.sent += 1
         else:
             # One code path: drain the same stream, send only the terminal event.
             last = await _last(events, watch)
+            guard.writing = True
             await sink.event(last, run.take_wire(last))
         watch.ended()
     finally:
         await events.aclose()
 
 
-async def _batched(run: Run, events: Events, watch: Watch, sink: Sink) -> None:
+async def _batched(run: Run, events: Events, watch: Watch, sink: Sink, guard: Guard) -> None:
     observing = watch.observing
     batched = batches(events, lambda: run.ended, is_terminal)
     # Closed before `events` (by the caller): until then it may hold a step of them.
@@ -59,11 +65,14 @@ async def _batched(run: Run, events: Events, watch: Watch, sink: Sink) -> None:
             if observing:
                 for event in batch:
                     watch.saw(event)
+            guard.writing = True
             if len(batch) == 1:
                 await sink.event(batch[0], run.take_wire(batch[0]))
             else:
                 take = run.take_wire
                 await sink.batch(batch, [take(event) or event.SerializeToString() for event in batch])
+            guard.writing = False
+            guard.sent += 1
     finally:
         await batched.aclose()
 
@@ -96,6 +105,7 @@ async def follow(
     starting_after: int,
     watch: Watch | None,
     sink: Sink,
+    guard: Guard,
     batched: bool = False,
 ) -> None:
     """The log's events after `starting_after` (checked by the caller), page by page, to the
@@ -109,6 +119,9 @@ async def follow(
                 assert watch is not None
                 for data in wires:
                     watch.saw(pb.StreamEvent.FromString(data))
+            guard.writing = True
             await sink.logged(wires, batched)
+            guard.writing = False
+            guard.sent += 1
     finally:
         await pages.aclose()

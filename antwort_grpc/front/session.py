@@ -22,6 +22,7 @@ from antwort_grpc.event_kinds import is_terminal
 from antwort_grpc.front.batching import batches
 from antwort_grpc.front.call import Call, Encoded, Sink
 from antwort_grpc.front.creates import follow
+from antwort_grpc.front.stalls import Guard
 from antwort_grpc.responses.controls import validate_control
 
 if TYPE_CHECKING:
@@ -46,8 +47,11 @@ class Session:
         requests: AsyncIterator[Encoded[pb.ConverseRequest]],
         sink: ConverseSink,
         watch: Watch,
+        guard: Guard,
     ) -> None:
         self.front = front
+        # Marks the session's writes: a client that stops reading is cut (stalls.py).
+        self.guard = guard
         self.responses = front.responses
         self.edge = front.edge
         self.call = call
@@ -129,7 +133,14 @@ class Session:
         try:
             sink = _Locked(self)
             await follow(
-                durable, request.response_id, self.owner, request.starting_after, None, sink, request.batch_events
+                durable,
+                request.response_id,
+                self.owner,
+                request.starting_after,
+                None,
+                sink,
+                self.guard,
+                request.batch_events,
             )
         finally:
             self.attached = None
@@ -178,12 +189,16 @@ class Session:
             # was admitted in is given back, so that create is admitted as it comes.
             self.run = None
             admitted.release()
+        guard = self.guard
         async with self.writing:
+            guard.writing = True
             if len(batch) == 1:
                 await self.sink.event(batch[0], run.take_wire(batch[0]))
             else:
                 take = run.take_wire
                 await self.sink.batch(batch, [take(event) or event.SerializeToString() for event in batch])
+            guard.writing = False
+            guard.sent += 1
 
     async def _read(self) -> None:
         try:

@@ -1,0 +1,93 @@
+"""Slow consumers: a stream whose client stops reading is ended after a bounded time.
+
+A write blocks while the client does not read (gRPC's flow control, a full socket buffer for
+HTTP); a client that never reads again would hold its stream, its response, its admission slot and
+its memory for ever. Each stream is guarded while it runs: it marks when it writes and counts what
+it wrote (two attribute stores per message, nothing more on the hot path); one sweeper task checks
+every guard a few times per timeout and cancels the task of a stream whose write has not moved for
+the whole timeout — as if the client had gone: its response stops and is stored with its final
+status (`cancelled`), its slot is freed. A background response goes on; only that reader stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+
+log = logging.getLogger(__name__)
+
+
+class Guard:
+    """One stream's writes, as its sweeper sees them."""
+
+    __slots__ = ("seen", "sent", "stalled", "task", "writing")
+
+    def __init__(self, task: asyncio.Task[object]) -> None:
+        self.task = task
+        self.writing = False
+        self.sent = 0
+        self.seen = 0
+        self.stalled = 0.0
+
+
+class StallWatch:
+    """The guards of every stream of this process and the one task that sweeps them."""
+
+    def __init__(self, timeout: float) -> None:
+        # Seconds a write may stay blocked before its stream is ended; 0: never.
+        self.timeout = timeout
+        self.guards: set[Guard] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+        self.ended = 0
+
+    @contextlib.contextmanager
+    def guarding(self) -> Iterator[Guard]:
+        """The current task's stream guarded while it runs (with no timeout set, a guard nobody
+        watches: the stream marks its writes all the same)."""
+        task = asyncio.current_task()
+        if not self.timeout or task is None:
+            yield Guard(task)  # type: ignore[arg-type]
+            return
+        guard = Guard(task)
+        self.guards.add(guard)
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="stalled streams")
+        try:
+            yield guard
+        finally:
+            self.guards.discard(guard)
+
+    def sweep(self, interval: float) -> list[Guard]:
+        """One look at every guard `interval` seconds after the last; the guards whose write has
+        not moved for the whole timeout (their tasks cancelled)."""
+        stalled = []
+        for guard in self.guards:
+            if not guard.writing or guard.sent != guard.seen:
+                guard.seen, guard.stalled = guard.sent, 0.0
+                continue
+            guard.stalled += interval
+            if guard.stalled >= self.timeout:
+                stalled.append(guard)
+        for guard in stalled:
+            self.guards.discard(guard)
+            self.ended += 1
+            guard.task.cancel()
+        return stalled
+
+    async def _sweep(self) -> None:
+        interval = max(0.05, self.timeout / 4)
+        while self.guards:
+            await asyncio.sleep(interval)
+            ended = self.sweep(interval)
+            if ended:
+                log.warning(
+                    "ended %d stream(s) whose client read nothing for %g s (ANTWORT_STREAM_WRITE_TIMEOUT)",
+                    len(ended),
+                    self.timeout,
+                )
+
+    def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
