@@ -30,6 +30,13 @@ REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 _V1_FILE = "grpc/reflection/v1/reflection.proto"
 # The most one message may hold, either way (a request with its tools and history, a call's code).
 DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+# Calls of a method that reached grpc and wait for the server to take them in. grpc's own bound
+# (1,000, past which it drops a growing share of new calls, all of them at 3,000) ends a burst's
+# calls CANCELLED before the server sees them: no message, no log line, no metric, and never
+# admission's refusal with its pushback. Up to this many wait (about 12 KiB each, and what the
+# client sent of its request) and are taken in, admitted or refused; past it grpc still drops,
+# as it does a call that waited 30 s (`grpc.server_max_unrequested_time_in_server`).
+MAX_WAITING_CALLS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +132,9 @@ async def start_server(listen: str, spec: ServerSpec) -> Serving:
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", spec.max_message_bytes),
             ("grpc.max_send_message_length", spec.max_message_bytes),
+            # The same soft and hard limit: none dropped below it, every one past it.
+            ("grpc.server.max_pending_requests", MAX_WAITING_CALLS),
+            ("grpc.server.max_pending_requests_hard_limit", MAX_WAITING_CALLS),
             *spec.options,
         ],
         interceptors=spec.interceptors,

@@ -7,17 +7,23 @@ streams a turn lasts tens of milliseconds, the burst is taken in a few calls a s
 cancels the calls still waiting after 30 s (the 1,000-stream benchmark lost hundreds so). What is
 counted here is turns of the loop, each made to cost a little work as the other streams' would,
 not time: the calls arrive while the loop is held, then it runs until the model was asked for
-every one of them."""
+every one of them.
+
+A flood larger than grpc lets wait by default (1,000 calls of a method, then a growing share
+dropped) is taken in whole, and each of its calls answered by admission: none is dropped by grpc
+as CANCELLED before the gateway sees it."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import json
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -25,10 +31,13 @@ from grpc._cython import cygrpc
 
 from antwort_grpc import pb
 from antwort_grpc.providers.base import FinishReason, ProviderEvent, TextDelta, TurnEnd, TurnRequest
-from antwort_grpc.providers.scripted import ScriptedProvider
+from antwort_grpc.providers.scripted import ScriptedProvider, Text
 from tests.harness import running_gateway
 
 BURST = 32
+# Past grpc's own bound on calls waiting to be taken in (1,000, then a growing share dropped):
+# some 250 of these would be dropped by it.
+FLOOD = 2000
 # The rest of the loop's work in one turn (other streams' events): long enough that grpc's own
 # threads deliver what they have between two turns.
 TURN_WORK = 0.002
@@ -106,3 +115,57 @@ async def test_a_gateway_stopped_with_calls_asked_ahead_logs_no_error(caplog: py
     gc.collect()
     await asyncio.sleep(0)
     assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []
+
+
+# A flood of creates is run or refused by admission; one of attaches (an attach storm; here on a
+# response that is not there) is answered by the attach's own handler.
+FLOODS = {
+    "CreateResponse": (pb.CreateResponseRequest(input_text="hi", stream=True), {"OK", "RESOURCE_EXHAUSTED"}),
+    "AttachResponse": (pb.AttachResponseRequest(response_id="resp_0123456789abcdef01234567"), {"NOT_FOUND"}),
+}
+
+
+@pytest.mark.parametrize("method", list(FLOODS))
+async def test_a_flood_reaching_a_busy_gateway_is_answered_by_it_never_cancelled_by_grpc(method: str) -> None:
+    """Twice as many calls as grpc lets wait by default reach a gateway while its loop is held (as
+    a loop serving a thousand streams is): every one is taken in and answered by the gateway, a
+    create run or refused by admission with RESOURCE_EXHAUSTED and pushback. None ends
+    CANCELLED, which grpc gives a call it drops before the gateway sees it."""
+    request, answers = FLOODS[method]
+    provider = ScriptedProvider([[Text("done")]], repeat=True)
+    async with running_gateway(provider=provider, max_running_responses=8) as gw:
+        before = calls_arrived()
+        channel = grpc.insecure_channel(gw.target)
+        start = getattr(pb.ResponsesServiceStub(channel), method)
+        calls: list[Any] = []
+        arrived = threading.Event()
+
+        def flood() -> None:
+            calls.extend(start(request) for _ in range(FLOOD))
+            while calls_arrived() - before < FLOOD:
+                time.sleep(0.001)
+            arrived.set()
+
+        def outcome(call: Any) -> str:
+            try:
+                for _ in call:
+                    pass
+            except grpc.RpcError as err:
+                return str(err.code().name)
+            return "OK"
+
+        sender = threading.Thread(target=flood)
+        sender.start()
+        try:
+            # The loop is held while the flood reaches grpc and waits there.
+            assert arrived.wait(120), "the flood never reached the gateway's grpc"
+            sender.join()
+            outcomes = collections.Counter(await asyncio.to_thread(lambda: [outcome(call) for call in calls]))
+        finally:
+            sender.join()
+            for call in calls:
+                call.cancel()
+            channel.close()
+    assert set(outcomes) <= answers and sum(outcomes.values()) == FLOOD, outcomes
+    if method == "CreateResponse":
+        assert outcomes["OK"] >= 8, outcomes

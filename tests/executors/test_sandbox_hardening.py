@@ -1,6 +1,7 @@
 """The sandbox service as a real process, attacked the way a hostile program would: acting on the
-service or on another call's processes, holding shared memory the budget cannot see, reaching a
-host socket, nesting directories past Python's recursion limit; and a keeper killed from outside.
+service or on another call's processes, holding shared memory or pages pinned in pipes that the
+budget cannot see, reaching a host socket, nesting directories past Python's recursion limit; and
+a keeper killed from outside.
 Three services: namespaces (the service as root, the code as uid 65534), the fallback as root,
 and the fallback with the code on the service's own uid (a non-root service, as in a pod whose
 seccomp profile forbids user namespaces). Signals: test_sandbox_signals.py.
@@ -413,6 +414,102 @@ async def test_shared_memory_the_memory_budget_cannot_see_is_refused(
     assert result.is_error and "PermissionError: [Errno" in out["stderr"], out
     private = await run(stub, "import mmap\nm = mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE)\nm.write(b'x')\n")
     assert not private.is_error, private.output
+
+
+# Pages pinned in pipes: one byte of a transparent huge page spliced into a pipe slot keeps the
+# whole 2 MiB page after it is unmapped, resident in no process. 256 slots of a pipe grown to
+# 1 MiB hold 512 MB (twice the budget of 256 MB) with about 10 MB resident. The page cache of a
+# file does the same through splice or sendfile into a pipe (large folios: xfs, huge tmpfs), and
+# tee copies such references from pipe to pipe.
+PIN_IN_PIPES = """
+import ctypes, fcntl, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+libc.vmsplice.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+libc.tee.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint]
+HUGE, SLOTS, MADV_HUGEPAGE, F_SETPIPE_SZ = 2 << 20, 256, 14, 1031
+
+class Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+def check(result, what):
+    if result < 0:
+        raise OSError(ctypes.get_errno(), what)
+
+def vmsplice(pipe):
+    # Its own huge page, touched once, one byte of it spliced, then unmapped.
+    raw = libc.mmap(None, 2 * HUGE, 3, 0x22, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
+    page = (raw + HUGE - 1) & ~(HUGE - 1)
+    libc.madvise(page, HUGE, MADV_HUGEPAGE)
+    ctypes.memset(page, 1, 1)
+    check(libc.vmsplice(pipe, ctypes.byref(Iovec(page, 1)), 1, 0), "vmsplice")
+    libc.munmap(raw, 2 * HUGE)
+
+def from_file(send):
+    with open("data", "wb") as f:
+        f.write(b"\\1" * (1 << 20))
+    fd = os.open("data", os.O_RDONLY)
+    os.unlink("data")  # its pages now live only as long as the pipe holds them
+    def pin(pipe):
+        send(fd, pipe)
+    return pin
+
+def tee():
+    source_r, source_w = os.pipe()
+    os.write(source_w, b"x")
+    def pin(pipe):
+        check(libc.tee(source_r, pipe, 1, 0), "tee")
+    return pin
+
+pin = {{
+    "vmsplice": vmsplice,
+    "splice": from_file(lambda fd, pipe: os.splice(fd, pipe, 1, offset_src=0)),
+    "sendfile": from_file(lambda fd, pipe: os.sendfile(pipe, fd, 0, 1)),
+    "tee": tee(),
+}}[{kind!r}]
+pipes = []
+for _ in range(2):
+    pipes.append(os.pipe())
+    fcntl.fcntl(pipes[-1][1], F_SETPIPE_SZ, SLOTS * 4096)
+    for _ in range(SLOTS):
+        pin(pipes[-1][1])
+print("held", len(pipes) * SLOTS, "references", flush=True)
+time.sleep(1)  # ten looks of the watcher
+"""
+
+
+@pytest.mark.parametrize("kind", ["vmsplice", "splice", "sendfile", "tee"])
+async def test_pages_pinned_in_pipes_that_the_memory_budget_cannot_see_are_refused(
+    stub: pb.ToolExecutorServiceStub, box: Sandbox, kind: str
+) -> None:
+    """Under the watcher (these machines have no cgroup v2) nothing may put a reference to a page
+    into a pipe: a pipe holds only what was written into it, and that much memory."""
+    result = await run(stub, PIN_IN_PIPES.format(kind=kind))
+    out = result.output
+    assert "held" not in out["stdout"], out
+    assert result.is_error and "PermissionError: [Errno 1]" in out["stderr"], out
+
+
+async def test_pipes_and_file_copies_still_work_without_splicing(stub: pb.ToolExecutorServiceStub) -> None:
+    """shutil's copies fall back from sendfile to reads and writes; pipes of any size still carry data."""
+    code = """
+import fcntl, os, shutil, subprocess, sys
+with open("a", "wb") as f:
+    f.write(os.urandom(300_000))
+shutil.copyfile("a", "b")
+r, w = os.pipe()
+fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ
+os.write(w, b"y" * 500_000)
+echo = subprocess.run([sys.executable, "-c", "import sys; sys.stdout.write(sys.stdin.read())"],
+                      input="z" * 200_000, capture_output=True, text=True, check=True)
+print(open("a", "rb").read() == open("b", "rb").read(), len(os.read(r, 1 << 20)), len(echo.stdout))
+"""
+    result = await run(stub, code)
+    assert not result.is_error, result.output
+    assert result.output["stdout"] == "True 500000 200000\n"
 
 
 async def test_a_keeper_killed_from_outside_leaves_nothing_of_its_call(box: Sandbox) -> None:

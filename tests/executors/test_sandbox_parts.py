@@ -159,13 +159,22 @@ MAP_SHARED_ANON, MAP_PRIVATE_ANON = 0x21, 0x22
         ("x86_64", X86_64, 68, (0, 0o1600), PERM, PERM),  # msgget
         ("x86_64", X86_64, 64, (0, 1, 0o1600), PERM, PERM),  # semget
         ("x86_64", X86_64, 240, (0x1000, 0o100, 0o600, 0), PERM, PERM),  # mq_open
+        ("x86_64", X86_64, 278, (4, 0x1000, 1, 0), PERM, RET_ALLOW),  # vmsplice: a page into a pipe
+        ("x86_64", X86_64, 275, (3, 0, 4, 0, 1, 0), PERM, RET_ALLOW),  # splice: a file's page into a pipe
+        ("x86_64", X86_64, 276, (3, 4, 1, 0), PERM, RET_ALLOW),  # tee: a pipe's references into another
+        ("x86_64", X86_64, 40, (4, 3, 0, 1), PERM, RET_ALLOW),  # sendfile: into a pipe, as splice does
+        ("x86_64", X86_64, 1, (4, 0x1000, 1), RET_ALLOW, RET_ALLOW),  # write into a pipe: a copy
         ("aarch64", AARCH64, 279, (0x1000, 0), PERM, RET_ALLOW),  # memfd_create
         ("aarch64", AARCH64, 222, (0, 1 << 20, 3, MAP_SHARED_ANON, -1, 0), PERM, RET_ALLOW),
         ("aarch64", AARCH64, 222, (0, 1 << 20, 3, MAP_PRIVATE_ANON, -1, 0), RET_ALLOW, RET_ALLOW),
         ("aarch64", AARCH64, 194, (0, 1 << 20, 0o1600), PERM, PERM),  # shmget
+        ("aarch64", AARCH64, 75, (4, 0x1000, 1, 0), PERM, RET_ALLOW),  # vmsplice
+        ("aarch64", AARCH64, 76, (3, 0, 4, 0, 1, 0), PERM, RET_ALLOW),  # splice
+        ("aarch64", AARCH64, 77, (3, 4, 1, 0), PERM, RET_ALLOW),  # tee
+        ("aarch64", AARCH64, 71, (4, 3, 0, 1), PERM, RET_ALLOW),  # sendfile
     ],
 )
-def test_shared_memory_the_watcher_cannot_see_is_refused_unless_a_cgroup_counts_it(
+def test_memory_the_watcher_cannot_see_is_refused_unless_a_cgroup_counts_it(
     machine: str, arch: int, nr: int, args: tuple[int, ...], watcher: int, cgroup: int
 ) -> None:
     assert run_bpf(seccomp_program(machine), arch, nr, *args) == watcher

@@ -5,8 +5,9 @@ and still takes 1.8 GB. The watcher sums the resident and swapped-out memory of 
 the call's code (its session, minus the sandbox's own helpers) a few times a second and stops the
 call when the sum passes the budget. It is a bound after the fact: between two looks the code can
 allocate what its processes' address-space limits allow. Shared memory is counted where it is
-resident, and can hold pages resident nowhere: the seccomp filter refuses to create it (memfds,
-shared anonymous mappings, System V segments) where this watcher holds the budget (seccomp.py).
+resident, and can hold pages resident nowhere, and so can a pipe that a page was spliced into: the
+seccomp filter refuses to create either (memfds, shared anonymous mappings, System V segments;
+vmsplice, splice, tee, sendfile) where this watcher holds the budget (seccomp.py).
 
 The call's processes are those of its session (session.py); the code runs in a process group of
 its own beneath the keeper, whose group is the session's (the sandbox's helpers).

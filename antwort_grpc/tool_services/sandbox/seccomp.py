@@ -58,6 +58,7 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "semget": 64, "semop": 65, "semctl": 66,
         "semtimedop": 220, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
         "mq_open": 240, "mq_unlink": 241, "seccomp": 317,
+        "vmsplice": 278, "splice": 275, "tee": 276, "sendfile": 40,
     },
     "aarch64": {
         "socket": 198, "connect": 203, "bind": 200, "sendto": 206, "socketpair": 199,
@@ -74,6 +75,7 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "shmget": 194, "shmat": 196, "shmctl": 195, "shmdt": 197, "semget": 190, "semop": 193, "semctl": 191,
         "semtimedop": 192, "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187,
         "mq_open": 180, "mq_unlink": 181, "seccomp": 277,
+        "vmsplice": 75, "splice": 76, "tee": 77, "sendfile": 71,
     },
 }  # fmt: skip
 
@@ -97,11 +99,20 @@ DENIED: dict[str, int] = {
     "mq_open": EPERM, "mq_unlink": EPERM,
 }  # fmt: skip
 
-# Shared memory (shmem) outlives its pages' residence in any process: a memfd's without being
-# mapped, a shared anonymous mapping's after MADV_DONTNEED, or in a forked child that never
-# touched it. Where the call's budget is the watcher's, which sums resident memory, the filter
-# refuses to create it; a per-call cgroup charges it to the call, and then it is allowed.
-UNCOUNTED_MEMORY: dict[str, int] = {"memfd_create": EPERM, "memfd_secret": EPERM}
+# Memory that outlives its pages' residence in any process. Shared memory (shmem): a memfd's
+# without being mapped, a shared anonymous mapping's after MADV_DONTNEED, or in a forked child that
+# never touched it. Pages referenced from a pipe: vmsplice puts a reference to the caller's own
+# page into a pipe slot, and the page stays when it is unmapped, a whole transparent huge page
+# (2 MiB) for one byte of it; splice and sendfile into a pipe do the same with a file's page cache
+# (a large folio on xfs or a huge tmpfs; sendfile into a socket pair as well), and tee copies such
+# references to more pipes. Without them a pipe holds only pages that write(2) filled, its own size
+# at most. Where the call's budget is the watcher's, which sums resident memory, the filter refuses
+# all of these; a per-call cgroup charges the pages to the call, and then they are allowed.
+# Nothing common needs them: shutil's copies fall back from sendfile to reads and writes.
+UNCOUNTED_MEMORY: dict[str, int] = {
+    "memfd_create": EPERM, "memfd_secret": EPERM,
+    "vmsplice": EPERM, "splice": EPERM, "tee": EPERM, "sendfile": EPERM,
+}  # fmt: skip
 # mmap(..., flags, ...): MAP_SHARED (or MAP_SHARED_VALIDATE) with MAP_ANONYMOUS.
 SHARED_ANONYMOUS = (
     "mmap",
@@ -173,7 +184,7 @@ def program(machine: str, *, notify: bool = True, count_all_memory: bool = False
     conditional ones return theirs unless their arguments have the allowed form, signals as the
     module says. `notify`: signals to other pids go to the keeper (else refused);
     `count_all_memory`: the budget sees memory held by descriptors (a per-call cgroup), so memfds
-    are allowed."""
+    and splicing into pipes are allowed."""
     if machine not in ARCHES:
         raise OSError(errno.ENOSYS, f"no seccomp filter for {machine}")
     arch = ARCHES[machine]

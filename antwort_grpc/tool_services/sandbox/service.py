@@ -77,7 +77,7 @@ print("ok")
 CGROUP_BUDGET = "cgroup v2 (memory.max and pids.max of a cgroup per call)"
 WATCHER_BUDGET = (
     "watcher (resident and swapped-out memory of the call's processes, summed every 0.1 s; "
-    "memfds and shared anonymous memory refused)"
+    "memfds, shared anonymous memory and splicing into pipes refused)"
 )
 # What the child (child.py) imports, asked of a candidate interpreter.
 _NEEDS = "import ctypes, json, resource, signal, socket, struct, threading"
