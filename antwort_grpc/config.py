@@ -156,9 +156,12 @@ class GatewaySettings(BaseSettings):
     # A background response without a max_duration of its own (nor a server maximum) ends
     # INCOMPLETE (max_duration) after this many seconds; 0: never.
     background_max_duration: float = Field(default=3600.0, ge=0)
-    # Responses the whole gateway runs at once; unset: 512 per CPU core the process may use
+    # Responses the whole gateway process runs at once; unset: 512, what one event loop serves
     # (docs/limits.md); 0: no limit.
     max_running_responses: int | None = Field(default=None, ge=0)
+    # Seconds the event loop may run behind (averaged over about a second) before new responses
+    # are refused with a retry pushback; 0: no such bound.
+    admission_max_lag: float = Field(default=0.5, ge=0)
     # Bytes the requests of running responses are estimated to hold (6 times their size, plus
     # 64 KiB each); unset: a quarter of the memory the process may use; 0: no budget.
     memory_budget_bytes: int | None = Field(default=None, ge=0)

@@ -133,6 +133,7 @@ class Core:
             self.observability.start()
         if self.durable is not None:
             self.durable.background.start()
+        self.edge.admission.lag.start()
 
     async def hand_over(self) -> None:
         """Shutdown: background runs go to another replica now (or to this one's restart)."""
@@ -147,6 +148,7 @@ class Core:
             unsubscribe()
         self.unsubscribe = []
         self.front.stalls.close()
+        self.edge.admission.lag.stop()
         if self.observability is not None:
             self.observability.stop()
         if self.engine.config.hooks is not None:
@@ -212,9 +214,10 @@ def durable_settings(settings: GatewaySettings) -> DurableSettings:
     )
 
 
-# Responses mostly wait for their model: one core carries about 500 streams at 10 tokens a second
-# (bench/RESULTS.md, 1,000 streams on 2 cores).
-RUNNING_PER_CORE = 512
+# One process serves every stream on one event loop, whatever the cores: about 500 streams at 10
+# tokens a second keep its token lag p99 near 100 ms on the 2-core host (1,000 took it to 2.75 s,
+# and grpc then took calls in too slowly to keep them). More cores serve more with more workers.
+RUNNING_PER_PROCESS = 512
 # The rest of the memory: the process itself, the memory store, parsing, what the estimate misses.
 MEMORY_BUDGET_SHARE = 4
 
@@ -224,8 +227,9 @@ def admission(settings: GatewaySettings) -> Admission:
     running = settings.max_running_responses
     budget = settings.memory_budget_bytes
     return Admission(
-        max_running=machine.per_core(RUNNING_PER_CORE) if running is None else running,
+        max_running=RUNNING_PER_PROCESS if running is None else running,
         memory_budget=machine.memory_bytes() // MEMORY_BUDGET_SHARE if budget is None else budget,
+        max_lag=settings.admission_max_lag,
     )
 
 

@@ -23,6 +23,7 @@ from antwort_grpc import pb
 from antwort_grpc.auth.identity import Authenticator, AuthError, Identity
 from antwort_grpc.errors import RequestError
 from antwort_grpc.grpc_security import identify
+from antwort_grpc.loop_lag import LoopLag
 from antwort_grpc.observability.context import Observation, current_observation
 from antwort_grpc.observability.observer import Observer
 
@@ -86,16 +87,28 @@ class Admission:
     before it parses the request (a refused request then costs only its bytes), and the response
     takes the reservation over when it starts."""
 
-    def __init__(self, max_running: int = 0, memory_budget: int = 0) -> None:
+    def __init__(
+        self, max_running: int = 0, memory_budget: int = 0, max_lag: float = 0.0, lag: LoopLag | None = None
+    ) -> None:
         self.max_running = max_running
         self.memory_budget = memory_budget
         self.running = 0
         self.memory = 0
+        # Seconds the event loop may run behind (averaged, `lag`) before new responses are
+        # refused; 0: no such bound.
+        self.max_lag = max_lag
+        self.lag = lag or LoopLag()
 
     def refusal(self, cost: int) -> RequestError | None:
         """Why a response of this cost may not start now (None: it may)."""
         if self.max_running and self.running >= self.max_running:
             return _busy(f"the gateway runs at most {self.max_running} responses at once", "too_many_running")
+        if self.max_lag and self.running and self.lag.lag > self.max_lag:
+            return _busy(
+                f"the gateway's event loop runs {self.lag.lag * 1000:.0f} ms behind "
+                f"(ANTWORT_ADMISSION_MAX_LAG {self.max_lag * 1000:.0f} ms)",
+                "overloaded",
+            )
         if self.memory_budget and self.running and self.memory + cost > self.memory_budget:
             return _busy(
                 f"the responses running hold the gateway's memory budget ({self.memory_budget / 2**20:.0f} MiB); "

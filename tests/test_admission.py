@@ -5,6 +5,7 @@ starts, both sized for the machine by default; and the idle timeout of Converse 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import aiohttp
@@ -16,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from antwort_grpc import machine, pb
 from antwort_grpc.config import GatewaySettings
-from antwort_grpc.core import MEMORY_BUDGET_SHARE, RUNNING_PER_CORE, admission
+from antwort_grpc.core import MEMORY_BUDGET_SHARE, RUNNING_PER_PROCESS, admission
 from antwort_grpc.edge import estimated_memory
 from antwort_grpc.grpc_status import RETRY_PUSHBACK_KEY
 from antwort_grpc.providers.scripted import ScriptedProvider, Text, Turn
@@ -121,9 +122,11 @@ def kind_of(event: pb.StreamEvent) -> str:
     return event.WhichOneof("event") or ""
 
 
-def test_the_default_admission_is_sized_for_the_machine() -> None:
+def test_the_default_admission_is_sized_for_one_event_loop_and_the_machines_memory() -> None:
     sized = admission(GatewaySettings())
-    assert sized.max_running == machine.per_core(RUNNING_PER_CORE) > 0
+    # One process serves on one event loop, whatever the cores (more cores: more workers).
+    assert sized.max_running == RUNNING_PER_PROCESS
+    assert sized.max_lag == GatewaySettings().admission_max_lag > 0
     assert sized.memory_budget == machine.memory_bytes() // MEMORY_BUDGET_SHARE > 0
     unlimited = admission(GatewaySettings(max_running_responses=0, memory_budget_bytes=0))
     assert (unlimited.max_running, unlimited.memory_budget) == (0, 0)
@@ -292,3 +295,31 @@ async def test_a_converse_stream_at_the_running_cap_starts_its_next_response_aft
             assert gw.gateway.core.edge.admission.running == 0
         assert session.rejected == []
         session.call.cancel()
+
+
+async def test_a_loop_that_runs_behind_refuses_new_responses_with_pushback_until_it_catches_up() -> None:
+    gate = asyncio.Event()
+    provider = ScriptedProvider([Turn([Text("held")], hold=gate), [Text("later")], [Text("again")]])
+    async with running_gateway(provider=provider, admission_max_lag=0.02) as gw:
+        request = user("hold")
+        request.stream = True
+        held = gw.stub.CreateResponse(request)
+        await held.read()
+        await provider.holding.wait()
+        # The loop is held for a moment: the lag average goes past the bound.
+        lag = gw.gateway.core.edge.admission.lag
+        while lag.lag <= 0.02:
+            asyncio.get_running_loop().call_soon(time.sleep, 0.3)
+            await asyncio.sleep(0.1)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await gw.create(user("now"))
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "behind" in (refused.value.details() or "")
+        assert dict(refused.value.trailing_metadata() or ()).get("grpc-retry-pushback-ms")
+        # Once the loop keeps up again, responses are taken.
+        async with asyncio.timeout(30):
+            while lag.lag > 0.02:  # noqa: ASYNC110 - a sampled average, not an event
+                await asyncio.sleep(0.1)
+        assert (await gw.create(user("later"))).status == pb.ResponseStatus.RESPONSE_STATUS_COMPLETED
+        gate.set()
+        await held.read()
