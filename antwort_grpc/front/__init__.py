@@ -105,11 +105,15 @@ class Front:
             edge = self.edge
             async with edge.stream(call.method, call.identity, call.metadata, call.door) as watch:
                 # Admitted before it was decoded (the reservation taken over), else now.
-                with edge.response(size, reserved), self.stalls.guarding() as guard:
+                with edge.response(size, reserved):
                     run = await self.responses.create(
                         request, owner=call.owner, timeout=call.timeout, caller=self._caller(call)
                     )
-                    await deliver(run, request, watch, sink, guard)
+                    guard = self.stalls.guard()
+                    try:
+                        await deliver(run, request, watch, sink, guard)
+                    finally:
+                        self.stalls.release(guard)
         finally:
             if reserved is not None:
                 reserved.release()  # taken over by the response (then released already), else here
@@ -142,8 +146,11 @@ class Front:
                     slot = watch.keep_slot()
                     if slot is not None:
                         runner.hold(slot)
-                with self.stalls.guarding() as guard:
+                guard = self.stalls.guard()
+                try:
                     await self._answer_begun(call, request, durable, begun, watch, sink, guard)
+                finally:
+                    self.stalls.release(guard)
                 watch.ended()
         finally:
             if not kept:
@@ -199,8 +206,11 @@ class Front:
         async with self.edge.stream(call.method, call.identity, call.metadata, call.door, limited=False) as watch:
             durable = self.durability()
             await durable.attach_check(response_id, call.owner, starting_after)
-            with self.stalls.guarding() as guard:
+            guard = self.stalls.guard()
+            try:
                 await follow(durable, response_id, call.owner, starting_after, watch, sink, guard, batched)
+            finally:
+                self.stalls.release(guard)
             watch.ended()
 
     async def converse(
@@ -209,9 +219,11 @@ class Front:
         """A session: responses one after another on one stream, controls for the one running."""
         self._open(call.method)
         async with self.edge.stream(call.method, call.identity, call.metadata, call.door) as watch:
-            with self.stalls.guarding() as guard:
-                session = Session(self, call, requests, sink, watch, guard)
-                await session.serve(self.converse_idle_timeout)
+            guard = self.stalls.guard()
+            try:
+                await Session(self, call, requests, sink, watch, guard).serve(self.converse_idle_timeout)
+            finally:
+                self.stalls.release(guard)
             watch.ended()
 
     async def compact(

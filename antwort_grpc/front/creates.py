@@ -48,7 +48,13 @@ async def deliver(run: Run, request: pb.CreateResponseRequest, watch: Watch, sin
                 guard.sent += 1
         else:
             # One code path: drain the same stream, send only the terminal event.
-            last = await _last(events, watch)
+            last = None
+            observing = watch.observing
+            async for event in events:
+                if observing:
+                    watch.saw(event)
+                last = event
+            assert last is not None
             guard.writing = True
             await sink.event(last, run.take_wire(last))
         watch.ended()

@@ -12,9 +12,7 @@ status (`cancelled`), its slot is freed. A background response goes on; only tha
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -42,22 +40,20 @@ class StallWatch:
         self._sweeper: asyncio.Task[None] | None = None
         self.ended = 0
 
-    @contextlib.contextmanager
-    def guarding(self) -> Iterator[Guard]:
-        """The current task's stream guarded while it runs (with no timeout set, a guard nobody
-        watches: the stream marks its writes all the same)."""
-        task = asyncio.current_task()
-        if not self.timeout or task is None:
-            yield Guard(task)  # type: ignore[arg-type]
-            return
-        guard = Guard(task)
-        self.guards.add(guard)
-        if self._sweeper is None or self._sweeper.done():
-            self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="stalled streams")
-        try:
-            yield guard
-        finally:
-            self.guards.discard(guard)
+    def guard(self) -> Guard:
+        """A guard of the current task's stream, watched until `release` (with no timeout set, a
+        guard nobody watches: the stream marks its writes all the same). Not a context manager:
+        this is on every response's path."""
+        guard = Guard(asyncio.current_task())  # type: ignore[arg-type]
+        if self.timeout:
+            self.guards.add(guard)
+            sweeper = self._sweeper
+            if sweeper is None or sweeper.done():
+                self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="stalled streams")
+        return guard
+
+    def release(self, guard: Guard) -> None:
+        self.guards.discard(guard)
 
     def sweep(self, interval: float) -> list[Guard]:
         """One look at every guard `interval` seconds after the last; the guards whose write has
