@@ -213,9 +213,8 @@ async def test_a_converse_stream_takes_the_next_create_from_the_terminal_event_o
     edge = Edge()
     front = core_front.Front(responses, edge)  # type: ignore[arg-type]
     watch = Watch(edge, "Converse", None, ())
-    session = Session(
-        front, core_front.Call("Converse"), raw_converse(sent()), ConverseWriter(context, CONVERSE_EVENTS), watch
-    )
+    sink = ConverseWriter(context, CONVERSE_EVENTS)
+    session = Session(front, core_front.Call("Converse"), raw_converse(sent()), sink, watch, front.stalls.guard())
     serving = asyncio.create_task(session.serve())
     requests.put_nowait(pb.ConverseRequest(create=pb.CreateResponseRequest(input_text="one")))
     async with asyncio.timeout(10):
