@@ -10,6 +10,8 @@ grpcio-reflection implements v1alpha only, and v1 is the same protocol under ano
 
 from __future__ import annotations
 
+import asyncio
+import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -168,3 +170,15 @@ def host_of(listen: str) -> str:
     """The host a client on this machine reaches a listen address at."""
     host = listen.rsplit(":", 1)[0]
     return "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
+
+
+async def serve_until_signalled(serving: Serving, name: str, grace: float) -> None:
+    """A program's serving: say where `name` serves, serve until SIGTERM or SIGINT, then stop it
+    gracefully (`serving.stop`, which a program's own Serving extends to close what it serves)."""
+    print(f"{name} serving on {serving.target}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await serving.stop(grace)

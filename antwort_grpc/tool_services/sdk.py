@@ -22,21 +22,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import grpc
 from google.protobuf import json_format, struct_pb2
-from grpc_health.v1._async import HealthServicer
 from opentelemetry import trace
 
 from antwort_grpc import pb, tracing
 from antwort_grpc.errors import RequestError
 from antwort_grpc.executors.base import ProgressSink
 from antwort_grpc.grpc_security import is_loopback
-from antwort_grpc.grpc_server import ServerSpec, bound_address, start_server
+from antwort_grpc.grpc_server import ServerSpec, Serving, bound_address, serve_until_signalled, start_server
 from antwort_grpc.grpc_status import abort
 from antwort_grpc.tool_services.reaper import reaping_if_init
 from antwort_grpc.tool_services.security import ExecutorSecurity
@@ -185,20 +183,11 @@ class ToolExecutorServicer(pb.ToolExecutorServiceServicer):
 
 
 @dataclass
-class ExecutorServer:
-    server: grpc.aio.Server
-    port: int
-    host: str
+class ExecutorServer(Serving):
     service: ExecutorService
-    health: HealthServicer
-
-    @property
-    def target(self) -> str:
-        return f"{self.host}:{self.port}"
 
     async def stop(self, grace: float | None = 5.0) -> None:
-        await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace)
+        await super().stop(grace)
         await self.service.close()
 
 
@@ -227,8 +216,7 @@ async def serve_executor(
     except BaseException:
         await service.close()
         raise
-    server, port, host, health = serving.server, serving.port, serving.host, serving.health
-    kind, address = pb.ToolKind.Name(service.kind), bound_address(listen, port)
+    kind, address = pb.ToolKind.Name(service.kind), bound_address(listen, serving.port)
     log.info("%s executor %r listening on %s (%s)", kind, service.name, address, security.describe())
     if not security.admits_only_the_gateway and not is_loopback(listen):
         log.warning(
@@ -237,7 +225,7 @@ async def serve_executor(
             service.name,
             address,
         )
-    return ExecutorServer(server, port, host, service, health)
+    return ExecutorServer(serving.server, serving.port, serving.host, serving.health, service)
 
 
 async def run_executor(
@@ -247,11 +235,5 @@ async def run_executor(
     init) it also reaps orphaned processes."""
     async with reaping_if_init():
         running = await serve_executor(service, listen, security)
-        print(f"antwort-grpc executor {service.name} serving on {running.target}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        await running.stop(grace)
+        await serve_until_signalled(running, f"antwort-grpc executor {service.name}", grace)
     tracing.shutdown()
