@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import grpc
 from google.protobuf.message import Message
 
 from antwort_grpc import pb
-from antwort_grpc.grpc_server import ServerSpec, Serving, serve_until_signalled, start_server
+from antwort_grpc.grpc_server import ProgramServing, ServerSpec, serve_until_signalled, start_program
 from antwort_grpc.hooks.service import MAX_MESSAGE_BYTES, POINT_OF, POINTS, Caller, PolicyHook, current_caller, evaluate
 
 log = logging.getLogger(__name__)
@@ -99,30 +98,17 @@ class HookServicer(pb.HookServiceServicer):
         return handle
 
 
-@dataclass
-class HookServer(Serving):
-    hook: PolicyHook
-
-    async def stop(self, grace: float | None = 5.0) -> None:
-        await super().stop(grace)
-        await self.hook.close()
-
-
-async def serve_hook(hook: PolicyHook, listen: str = "127.0.0.1:0", servicer: HookServicer | None = None) -> HookServer:
+async def serve_hook(
+    hook: PolicyHook, listen: str = "127.0.0.1:0", servicer: HookServicer | None = None
+) -> ProgramServing:
     """Start a grpc.aio server for the hook; port 0 picks a free one (see `.port`). `servicer`:
     a HookServicer (subclass) of `hook` to serve instead of the plain one."""
-    await hook.start()
     spec = ServerSpec(
         services=[SERVICE_NAME],
         add_services=lambda server: pb.add_HookServiceServicer_to_server(servicer or HookServicer(hook), server),
         max_message_bytes=MAX_MESSAGE_BYTES,
     )
-    try:
-        serving = await start_server(listen, spec)
-    except BaseException:
-        await hook.close()
-        raise
-    return HookServer(serving.server, serving.port, serving.host, serving.health, hook)
+    return await start_program(listen, spec, hook)
 
 
 async def run_hook(hook: PolicyHook, listen: str, grace: float = 5.0) -> None:

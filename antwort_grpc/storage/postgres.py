@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING
 import asyncpg
 
 from antwort_grpc import pb
-from antwort_grpc.storage.base import ItemPage, StoredResponse
-from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, from_row, interrupted, page_items, to_row
+from antwort_grpc.storage.base import StoredResponse
+from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, InputItemsInTheRow, from_row, interrupted, to_row
 from antwort_grpc.storage.maintenance import CancelCallbacks, run_every, stop_task
 from antwort_grpc.storage.migrations import migrate_postgres
 from antwort_grpc.storage.options import StoreOptions
@@ -91,7 +91,7 @@ async def migrate_database(url: str) -> int:
         await conn.close()
 
 
-class PostgresStore:
+class PostgresStore(InputItemsInTheRow):
     def __init__(self, url: str, pool: Pool, options: StoreOptions) -> None:
         self.url = url
         self.pool = pool
@@ -179,14 +179,6 @@ class PostgresStore:
             _ts(self.options.clock()),
         )
         return status != "DELETE 0"
-
-    async def list_input_items(
-        self, response_id: str, *, limit: int, after: str, descending: bool, owner: str = ""
-    ) -> ItemPage | None:
-        record = await self.get(response_id, owner)
-        if record is None:
-            return None
-        return page_items(record.input_items, limit=limit, after=after, descending=descending)
 
     # -- liveness and the sweep -----------------------------------------------------------------
 

@@ -18,8 +18,8 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from antwort_grpc.storage.base import ItemPage, StoredResponse
-from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, Row, from_row, interrupted, page_items, to_row
+from antwort_grpc.storage.base import StoredResponse
+from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, InputItemsInTheRow, Row, from_row, interrupted, to_row
 from antwort_grpc.storage.maintenance import CancelCallbacks, Step, run_every, stop_task
 from antwort_grpc.storage.migrations import migrate_sqlite
 from antwort_grpc.storage.options import StoreOptions
@@ -70,7 +70,7 @@ def migrate_file(path: Path) -> int:
         conn.close()
 
 
-class SQLiteStore:
+class SQLiteStore(InputItemsInTheRow):
     def __init__(self, path: Path, options: StoreOptions, writer: SQLiteWorker, reader: SQLiteWorker, lock: int):
         self.path = path
         self.options = options
@@ -146,14 +146,6 @@ class SQLiteStore:
             return cursor.rowcount > 0
 
         return await self.writer.run(delete)
-
-    async def list_input_items(
-        self, response_id: str, *, limit: int, after: str, descending: bool, owner: str = ""
-    ) -> ItemPage | None:
-        record = await self.get(response_id, owner)
-        if record is None:
-            return None
-        return page_items(record.input_items, limit=limit, after=after, descending=descending)
 
     # -- upkeep and cancel ----------------------------------------------------------------------
 

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import grpc
@@ -34,7 +33,7 @@ from antwort_grpc import pb, tracing
 from antwort_grpc.errors import RequestError
 from antwort_grpc.executors.base import ProgressSink
 from antwort_grpc.grpc_security import is_loopback
-from antwort_grpc.grpc_server import ServerSpec, Serving, bound_address, serve_until_signalled, start_server
+from antwort_grpc.grpc_server import ProgramServing, ServerSpec, bound_address, serve_until_signalled, start_program
 from antwort_grpc.grpc_status import abort
 from antwort_grpc.tool_services.reaper import reaping_if_init
 from antwort_grpc.tool_services.security import ExecutorSecurity
@@ -182,13 +181,8 @@ class ToolExecutorServicer(pb.ToolExecutorServiceServicer):
         return result
 
 
-@dataclass
-class ExecutorServer(Serving):
-    service: ExecutorService
-
-    async def stop(self, grace: float | None = 5.0) -> None:
-        await super().stop(grace)
-        await self.service.close()
+# A running executor: `.target`, `.port`; `stop()` stops the server and closes the service.
+ExecutorServer: TypeAlias = ProgramServing
 
 
 # The gateway's own limits: a call's code or arguments as large as a request may carry.
@@ -203,7 +197,6 @@ async def serve_executor(
     loopback). StartupError for a non-loopback `listen` the security does not guard."""
     security = security or ExecutorSecurity()
     security.refuse_open_listen(listen)
-    await service.start()
     spec = ServerSpec(
         services=[SERVICE_NAME],
         add_services=lambda server: pb.add_ToolExecutorServiceServicer_to_server(ToolExecutorServicer(service), server),
@@ -211,11 +204,7 @@ async def serve_executor(
         interceptors=security.interceptors(),
         max_message_bytes=MAX_MESSAGE_BYTES,
     )
-    try:
-        serving = await start_server(listen, spec)
-    except BaseException:
-        await service.close()
-        raise
+    serving = await start_program(listen, spec, service)
     kind, address = pb.ToolKind.Name(service.kind), bound_address(listen, serving.port)
     log.info("%s executor %r listening on %s (%s)", kind, service.name, address, security.describe())
     if not security.admits_only_the_gateway and not is_loopback(listen):
@@ -225,7 +214,7 @@ async def serve_executor(
             service.name,
             address,
         )
-    return ExecutorServer(serving.server, serving.port, serving.host, serving.health, service)
+    return serving
 
 
 async def run_executor(
