@@ -1,4 +1,5 @@
-"""What the stores share besides rows: the periodic upkeep task and the cancel subscribers."""
+"""What the stores share besides rows: the periodic upkeep task (stopped with tasks.stop_task) and
+the cancel subscribers."""
 
 from __future__ import annotations
 
@@ -26,14 +27,6 @@ def run_every(interval: float, steps: Sequence[Step], name: str) -> asyncio.Task
                     log.exception("%s: periodic step %s failed", name, getattr(step, "__name__", step))
 
     return asyncio.create_task(loop(), name=name)
-
-
-async def stop_task(task: asyncio.Task[None] | None) -> None:
-    if task is None:
-        return
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
 
 
 class CancelCallbacks:

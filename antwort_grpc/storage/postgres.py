@@ -37,10 +37,11 @@ import asyncpg
 from antwort_grpc import pb
 from antwort_grpc.storage.base import StoredResponse
 from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, InputItemsInTheRow, from_row, interrupted, to_row
-from antwort_grpc.storage.maintenance import CancelCallbacks, run_every, stop_task
+from antwort_grpc.storage.maintenance import CancelCallbacks, run_every
 from antwort_grpc.storage.migrations import migrate_postgres
 from antwort_grpc.storage.options import StoreOptions
 from antwort_grpc.storage.runlog_postgres import EVENTS_CHANNEL, HANDOVER_CHANNEL, PostgresRunLog
+from antwort_grpc.tasks import stop_task
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy

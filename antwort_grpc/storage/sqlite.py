@@ -20,11 +20,12 @@ from pathlib import Path
 
 from antwort_grpc.storage.base import StoredResponse
 from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, InputItemsInTheRow, Row, from_row, interrupted, to_row
-from antwort_grpc.storage.maintenance import CancelCallbacks, Step, run_every, stop_task
+from antwort_grpc.storage.maintenance import CancelCallbacks, Step, run_every
 from antwort_grpc.storage.migrations import migrate_sqlite
 from antwort_grpc.storage.options import StoreOptions
 from antwort_grpc.storage.runlog_sqlite import SQLiteRunLog
 from antwort_grpc.storage.sqlite_worker import SQLiteWorker
+from antwort_grpc.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
