@@ -8,6 +8,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
+from antwort_grpc.storage.options import StoreOptions
+
 log = logging.getLogger(__name__)
 
 Step = Callable[[], Awaitable[object]]
@@ -27,6 +29,17 @@ def run_every(interval: float, steps: Sequence[Step], name: str) -> asyncio.Task
                     log.exception("%s: periodic step %s failed", name, getattr(step, "__name__", step))
 
     return asyncio.create_task(loop(), name=name)
+
+
+async def start_upkeep(
+    options: StoreOptions, steps: Sequence[Step], purge_expired: Step, name: str
+) -> asyncio.Task[None]:
+    """A durable store's upkeep (`run_every`). With a TTL, expired responses are purged now
+    (what expired while no gateway ran) and on every pass after the other steps."""
+    if options.ttl_seconds is not None:
+        await purge_expired()
+        steps = [*steps, purge_expired]
+    return run_every(options.maintenance_interval, steps, name)
 
 
 class CancelCallbacks:

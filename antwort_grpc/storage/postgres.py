@@ -37,7 +37,7 @@ import asyncpg
 from antwort_grpc import pb
 from antwort_grpc.storage.base import StoredResponse
 from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, InputItemsInTheRow, from_row, interrupted, to_row
-from antwort_grpc.storage.maintenance import CancelCallbacks, run_every
+from antwort_grpc.storage.maintenance import CancelCallbacks, start_upkeep
 from antwort_grpc.storage.migrations import migrate_postgres
 from antwort_grpc.storage.options import StoreOptions
 from antwort_grpc.storage.runlog_postgres import EVENTS_CHANNEL, HANDOVER_CHANNEL, PostgresRunLog
@@ -119,22 +119,18 @@ class PostgresStore(InputItemsInTheRow):
             marked = await store.mark_interrupted()
             if marked:
                 log.warning("marked %d responses interrupted: their gateway replicas stopped", marked)
-            if options.ttl_seconds is not None:
-                await store.purge_expired()
+            steps = [
+                store._ensure_session,
+                store.mark_interrupted,
+                store.poll_cancels,
+                store.poll_controls,
+                store.runlog.purge_logs,
+            ]
+            store._task = await start_upkeep(options, steps, store.purge_expired, "postgres-store-upkeep")
         except BaseException:
             await store._close_session()
             await pool.close()
             raise
-        steps = [
-            store._ensure_session,
-            store.mark_interrupted,
-            store.poll_cancels,
-            store.poll_controls,
-            store.runlog.purge_logs,
-        ]
-        if options.ttl_seconds is not None:
-            steps.append(store.purge_expired)
-        store._task = run_every(options.maintenance_interval, steps, "postgres-store-upkeep")
         return store
 
     async def close(self) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from antwort_grpc.storage.base import StoredResponse
 from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, InputItemsInTheRow, Row, from_row, interrupted, to_row
-from antwort_grpc.storage.maintenance import CancelCallbacks, Step, run_every
+from antwort_grpc.storage.maintenance import CancelCallbacks, start_upkeep
 from antwort_grpc.storage.migrations import migrate_sqlite
 from antwort_grpc.storage.options import StoreOptions
 from antwort_grpc.storage.runlog_sqlite import SQLiteRunLog
@@ -103,11 +103,7 @@ class SQLiteStore(InputItemsInTheRow):
         marked = await store._mark_running_interrupted()
         if marked:
             log.warning("marked %d responses interrupted: left in progress by a gateway that stopped", marked)
-        steps: list[Step] = [store.runlog.purge_logs]
-        if options.ttl_seconds is not None:
-            await store.purge_expired()
-            steps.append(store.purge_expired)
-        store._task = run_every(options.maintenance_interval, steps, "sqlite-store-purge")
+        store._task = await start_upkeep(options, [store.runlog.purge_logs], store.purge_expired, "sqlite-store-purge")
         return store
 
     async def close(self) -> None:
