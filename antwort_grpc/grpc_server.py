@@ -10,9 +10,11 @@ grpcio-reflection implements v1alpha only, and v1 is the same protocol under ano
 
 from __future__ import annotations
 
+import asyncio
+import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
@@ -168,3 +170,47 @@ def host_of(listen: str) -> str:
     """The host a client on this machine reaches a listen address at."""
     host = listen.rsplit(":", 1)[0]
     return "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host
+
+
+class Served(Protocol):
+    """What a program serves (a policy hook, a tool executor service): started before its server,
+    closed after it."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class ProgramServing(Serving):
+    """The server of a program that serves one thing: stopping it also closes that thing."""
+
+    serves: Served
+
+    async def stop(self, grace: float | None = 5.0) -> None:
+        await super().stop(grace)
+        await self.serves.close()
+
+
+async def start_program(listen: str, spec: ServerSpec, serves: Served) -> ProgramServing:
+    """Start `serves`, then its server on `listen`; `serves` closed again when the server cannot
+    start (OSError when it cannot listen)."""
+    await serves.start()
+    try:
+        serving = await start_server(listen, spec)
+    except BaseException:
+        await serves.close()
+        raise
+    return ProgramServing(serving.server, serving.port, serving.host, serving.health, serves)
+
+
+async def serve_until_signalled(serving: Serving, name: str, grace: float) -> None:
+    """A program's serving: say where `name` serves, serve until SIGTERM or SIGINT, then stop it
+    gracefully (`serving.stop`, which a program's own Serving extends to close what it serves)."""
+    print(f"{name} serving on {serving.target}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await serving.stop(grace)

@@ -31,6 +31,7 @@ from grpc_health.v1 import health_pb2
 
 from antwort_grpc import pb
 from antwort_grpc.executors.base import ProgressSink, current_deadline
+from antwort_grpc.tasks import stop_task
 from antwort_grpc.tracing import metadata as trace_metadata
 
 log = logging.getLogger(__name__)
@@ -143,11 +144,8 @@ class RemoteExecutor:
             self._watcher = asyncio.create_task(self._watch(), name=f"executor-watch {self.target}")
 
     async def close(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
-            self._watcher = None
+        await stop_task(self._watcher)
+        self._watcher = None
         if self._channel is not None:
             await self._channel.close()
             self._channel = None

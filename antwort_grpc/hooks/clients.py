@@ -8,7 +8,6 @@ a PolicyHook class to run in-process (`examples.redact_hook:DenyAndRedact`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import json
 import logging
@@ -34,6 +33,7 @@ from antwort_grpc.hooks.service import (
     evaluate,
 )
 from antwort_grpc.hooks.session import SessionClient, SessionUnimplemented
+from antwort_grpc.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -167,10 +167,7 @@ class RemoteHook:
             self._watcher = asyncio.create_task(self._watch(), name=f"hook-watch {self.target}")
 
     async def close(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+        await stop_task(self._watcher)
         if self._session is not None:
             await self._session.close()
         if self._channel is not None:

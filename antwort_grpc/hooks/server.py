@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import grpc
 from google.protobuf.message import Message
-from grpc_health.v1._async import HealthServicer
 
 from antwort_grpc import pb
-from antwort_grpc.grpc_server import ServerSpec, start_server
+from antwort_grpc.grpc_server import ProgramServing, ServerSpec, serve_until_signalled, start_program
 from antwort_grpc.hooks.service import MAX_MESSAGE_BYTES, POINT_OF, POINTS, Caller, PolicyHook, current_caller, evaluate
 
 log = logging.getLogger(__name__)
@@ -101,48 +98,19 @@ class HookServicer(pb.HookServiceServicer):
         return handle
 
 
-@dataclass
-class HookServer:
-    server: grpc.aio.Server
-    port: int
-    host: str
-    hook: PolicyHook
-    health: HealthServicer
-
-    @property
-    def target(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    async def stop(self, grace: float | None = 5.0) -> None:
-        await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace)
-        await self.hook.close()
-
-
-async def serve_hook(hook: PolicyHook, listen: str = "127.0.0.1:0", servicer: HookServicer | None = None) -> HookServer:
+async def serve_hook(
+    hook: PolicyHook, listen: str = "127.0.0.1:0", servicer: HookServicer | None = None
+) -> ProgramServing:
     """Start a grpc.aio server for the hook; port 0 picks a free one (see `.port`). `servicer`:
     a HookServicer (subclass) of `hook` to serve instead of the plain one."""
-    await hook.start()
     spec = ServerSpec(
         services=[SERVICE_NAME],
         add_services=lambda server: pb.add_HookServiceServicer_to_server(servicer or HookServicer(hook), server),
         max_message_bytes=MAX_MESSAGE_BYTES,
     )
-    try:
-        serving = await start_server(listen, spec)
-    except BaseException:
-        await hook.close()
-        raise
-    return HookServer(serving.server, serving.port, serving.host, hook, serving.health)
+    return await start_program(listen, spec, hook)
 
 
 async def run_hook(hook: PolicyHook, listen: str, grace: float = 5.0) -> None:
     """Serve until SIGTERM or SIGINT, then shut down gracefully."""
-    running = await serve_hook(hook, listen)
-    print(f"antwort-grpc hook {hook.name} serving on {running.target}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await running.stop(grace)
+    await serve_until_signalled(await serve_hook(hook, listen), f"antwort-grpc hook {hook.name}", grace)

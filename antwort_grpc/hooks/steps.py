@@ -167,24 +167,39 @@ class Observe(Step):
         return self.request
 
 
-class PauseCheck(Step):
+class TurnStep(Step):
+    """A step of a turn (pause check, before model), possibly asked ahead of another step: once that
+    step's answer changed what this one was built from, this one asks nothing (it is asked again,
+    rebuilt, when the changed step comes)."""
+
+    def __init__(self, turn: int | None, ahead_of: Step | None) -> None:
+        self.turn = turn
+        self.ahead_of = ahead_of
+
+    def _still_asked(self, context: pb.HookContext) -> bool:
+        """False when the step ahead changed; else True, with the turn put on `context`."""
+        if self.ahead_of is not None and self.ahead_of.changed:
+            return False
+        if self.turn is not None:
+            context.turn = self.turn
+        return True
+
+
+class PauseCheck(TurnStep):
     point = P.HOOK_POINT_PAUSE_CHECK
 
     def __init__(self, before_tools: bool, turn: int | None = None, ahead_of: Step | None = None) -> None:
+        super().__init__(turn, ahead_of)
         self.at = (
             pb.PauseCheckRequest.CHECK_POINT_BEFORE_TOOLS
             if before_tools
             else pb.PauseCheckRequest.CHECK_POINT_TURN_BOUNDARY
         )
-        self.turn = turn
-        self.ahead_of = ahead_of
         self.reason: str | None = None
 
     def ask(self, context: pb.HookContext) -> Message | None:
-        if self.ahead_of is not None and self.ahead_of.changed:
-            return None  # asked ahead of what is no more: asked again when it comes
-        if self.turn is not None:
-            context.turn = self.turn
+        if not self._still_asked(context):
+            return None
         return pb.PauseCheckRequest(context=context, check_point=self.at)
 
     def take(self, hook: str, reply: Message | None) -> bool:
@@ -195,20 +210,17 @@ class PauseCheck(Step):
         return False
 
 
-class BeforeModel(Step):
+class BeforeModel(TurnStep):
     point = P.HOOK_POINT_BEFORE_MODEL
 
     def __init__(self, call: pb.ModelCall, turn: int | None = None, ahead_of: Step | None = None) -> None:
+        super().__init__(turn, ahead_of)
         self.call = call
-        self.turn = turn
-        self.ahead_of = ahead_of
         self.answer: list[pb.Item] | None = None
 
     def ask(self, context: pb.HookContext) -> Message | None:
-        if self.ahead_of is not None and self.ahead_of.changed:
-            return None  # asked ahead of what is no more: asked again when it comes
-        if self.turn is not None:
-            context.turn = self.turn
+        if not self._still_asked(context):
+            return None
         return pb.BeforeModelRequest(context=context, call=self.call)
 
     def check(self, reply: Message) -> None:
@@ -245,14 +257,28 @@ class BeforeModel(Step):
         return ModelDecision(self.call, self.answer)
 
 
-class ApproveTool(Step):
+class ToolStep(Step):
+    """A step about one tool call, known by its call_id (which a hook's change of the call keeps)."""
+
+    def __init__(self, call: pb.FunctionCall) -> None:
+        self.call = call
+        self.call_id = call.call_id
+
+    def _hook_result(self, result: pb.FunctionCallOutput) -> pb.FunctionCallOutput:
+        """A hook's result as this call's output: under the call's own id, whatever it says."""
+        output = pb.FunctionCallOutput()
+        output.CopyFrom(result)
+        output.call_id = self.call_id
+        return output
+
+
+class ApproveTool(ToolStep):
     """A deny from any hook wins (the hooks after it are not asked); else the first approval."""
 
     point = P.HOOK_POINT_APPROVE_TOOL
 
     def __init__(self, call: pb.FunctionCall, tool: pb.Tool) -> None:
-        self.call = call
-        self.call_id = call.call_id
+        super().__init__(call)
         self.tool = tool
         self.approval: Approval | None = None
 
@@ -278,15 +304,14 @@ class ApproveTool(Step):
         return False
 
 
-class BeforeTool(Step):
+class BeforeTool(ToolStep):
     """Asked only while the call is still going to run: not after a hook denied or answered it,
     nor after its approval was denied (`gate`)."""
 
     point = P.HOOK_POINT_BEFORE_TOOL
 
     def __init__(self, call: pb.FunctionCall, tool: pb.Tool, gate: ApproveTool | None = None) -> None:
-        self.call = call
-        self.call_id = call.call_id
+        super().__init__(call)
         self.tool = tool
         self.gate = gate
         self.result: pb.FunctionCallOutput | None = None
@@ -310,9 +335,7 @@ class BeforeTool(Step):
         if reply is not None and which == "deny_reason":
             self.result = error_output(self.call, f"denied by {named(hook)}: {reply.deny_reason}")
         elif reply is not None and which == "result":
-            self.result = pb.FunctionCallOutput()
-            self.result.CopyFrom(reply.result)
-            self.result.call_id = self.call.call_id
+            self.result = self._hook_result(reply.result)
         elif reply is not None and which == "arguments":
             changed = pb.FunctionCall()
             changed.CopyFrom(self.call)
@@ -329,12 +352,11 @@ class BeforeTool(Step):
         return ToolDecision(self.call, self.result)
 
 
-class AfterTool(Step):
+class AfterTool(ToolStep):
     point = P.HOOK_POINT_AFTER_TOOL
 
     def __init__(self, call: pb.FunctionCall, result: pb.FunctionCallOutput) -> None:
-        self.call = call
-        self.call_id = call.call_id
+        super().__init__(call)
         self.result = result
         self.withheld = False
 
@@ -346,9 +368,7 @@ class AfterTool(Step):
     def take(self, hook: str, reply: Message | None) -> bool:
         assert reply is None or isinstance(reply, pb.AfterToolResponse)
         if reply is not None and reply.HasField("result"):
-            self.result = pb.FunctionCallOutput()
-            self.result.CopyFrom(reply.result)
-            self.result.call_id = self.call.call_id
+            self.result = self._hook_result(reply.result)
             self.changed = True
         return False
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -20,6 +20,7 @@ from antwort_grpc.providers.base import Completion, Provider, ProviderError, Pro
 from antwort_grpc.storage.base import ItemPage, ResponseStore, StoredResponse
 
 CHAT = "chat"
+Part = TypeVar("Part")
 _PROVIDER_NAMES = {"OpenAICompatProvider": "openai", "ScriptedProvider": "scripted", "LocalModelProvider": "llama.cpp"}
 
 
@@ -45,31 +46,37 @@ def _unsampled(o: Observation | None) -> bool:
     return o is not None and o.span is not None and not o.recording
 
 
-class ObservedProvider:
-    def __init__(self, inner: Provider, metrics: Metrics | None, tracer: trace.Tracer | None) -> None:
+def _client_span(tracer: trace.Tracer, o: Observation | None, name: str, attributes: dict[str, Any]) -> Any:
+    """A call the gateway makes as a client (model, tool), in the response's current turn."""
+    context = o.parent() if o is not None else None
+    return tracer.start_span(name, context=context, kind=trace.SpanKind.CLIENT, attributes=attributes)
+
+
+class _Wrapper(Generic[Part]):
+    """Whatever a wrapper does not define is the wrapped part's own."""
+
+    def __init__(self, inner: Part) -> None:
         self._inner = inner
-        self._metrics = metrics
-        self._tracer = tracer
-        self._name = _PROVIDER_NAMES.get(type(inner).__name__, type(inner).__name__.lower())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+class ObservedProvider(_Wrapper[Provider]):
+    def __init__(self, inner: Provider, metrics: Metrics | None, tracer: trace.Tracer | None) -> None:
+        super().__init__(inner)
+        self._metrics = metrics
+        self._tracer = tracer
+        self._name = _PROVIDER_NAMES.get(type(inner).__name__, type(inner).__name__.lower())
 
     def _start(self, turn: TurnRequest) -> Any:
         o = current_observation.get()
         _next_turn(o, self._tracer)
         if self._tracer is None or _unsampled(o):
             return None
-        return self._tracer.start_span(
-            f"{CHAT} {turn.model}".strip(),
-            context=o.parent() if o is not None else None,
-            kind=trace.SpanKind.CLIENT,
-            attributes={
-                "gen_ai.operation.name": CHAT,
-                "gen_ai.provider.name": self._name,
-                "gen_ai.request.model": turn.model,
-            },
-        )
+        attributes = {"gen_ai.operation.name": CHAT, "gen_ai.provider.name": self._name}
+        attributes["gen_ai.request.model"] = turn.model
+        return _client_span(self._tracer, o, f"{CHAT} {turn.model}".strip(), attributes)
 
     def _end(
         self, turn: TurnRequest, span: Any, started: float, error: str, usage: pb.Usage | None, ended: float = 0.0
@@ -150,14 +157,11 @@ class ObservedProvider:
             self._end(turn, span, started, error, usage)
 
 
-class ObservedExecutor:
+class ObservedExecutor(_Wrapper[ToolExecutor]):
     def __init__(self, inner: ToolExecutor, metrics: Metrics | None, tracer: trace.Tracer | None) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._metrics = metrics
         self._tracer = tracer
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
     @property
     def kind(self) -> int:
@@ -174,18 +178,14 @@ class ObservedExecutor:
         span = token = None
         o = current_observation.get() if self._tracer is not None else None
         if self._tracer is not None and not _unsampled(o):
-            span = self._tracer.start_span(
-                f"execute_tool {call.name}",
-                context=o.parent() if o is not None else None,
-                kind=trace.SpanKind.CLIENT,
-                attributes={
-                    "gen_ai.operation.name": "execute_tool",
-                    "gen_ai.tool.name": call.name,
-                    "gen_ai.tool.call.id": call.call_id,
-                    "gen_ai.tool.type": tool.WhichOneof("kind") or "function",
-                    "antwort.executor": self.label,
-                },
-            )
+            attributes = {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": call.name,
+                "gen_ai.tool.call.id": call.call_id,
+                "gen_ai.tool.type": tool.WhichOneof("kind") or "function",
+                "antwort.executor": self.label,
+            }
+            span = _client_span(self._tracer, o, f"execute_tool {call.name}", attributes)
             # Current during the call: a remote executor passes it on in the call's metadata.
             token = otel_context.attach(trace.set_span_in_context(span))
         started = time.perf_counter()
@@ -211,9 +211,9 @@ class ObservedExecutor:
                 span.end()
 
 
-class ObservedStore:
+class ObservedStore(_Wrapper[ResponseStore]):
     def __init__(self, inner: ResponseStore, metrics: Metrics) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._metrics = metrics
         self._hist = metrics.store_duration
         # The two operations of every response (a save when it starts and when it ends; a get
@@ -221,9 +221,6 @@ class ObservedStore:
         # once it has been observed, as before).
         self._saved: Any = None
         self._got: Any = None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
     def _record(self, operation: str, started: float, ok: bool) -> None:
         outcome = "success" if ok else "error"

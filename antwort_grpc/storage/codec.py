@@ -102,3 +102,19 @@ def page_items(items: list[pb.Item], *, limit: int, after: str, descending: bool
         else:
             return ItemPage([], False)
     return ItemPage(ordered[start : start + limit], start + limit < len(ordered))
+
+
+class InputItemsInTheRow:
+    """`list_input_items` of a durable store: the input items are stored whole in the response's
+    row, so a page is cut from the record `get` reads."""
+
+    async def get(self, response_id: str, owner: str = "") -> StoredResponse | None:
+        raise NotImplementedError
+
+    async def list_input_items(
+        self, response_id: str, *, limit: int, after: str, descending: bool, owner: str = ""
+    ) -> ItemPage | None:
+        record = await self.get(response_id, owner)
+        if record is None:
+            return None
+        return page_items(record.input_items, limit=limit, after=after, descending=descending)

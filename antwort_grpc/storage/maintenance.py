@@ -1,4 +1,5 @@
-"""What the stores share besides rows: the periodic upkeep task and the cancel subscribers."""
+"""What the stores share besides rows: the periodic upkeep task (stopped with tasks.stop_task) and
+the cancel subscribers."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+
+from antwort_grpc.storage.options import StoreOptions
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +31,15 @@ def run_every(interval: float, steps: Sequence[Step], name: str) -> asyncio.Task
     return asyncio.create_task(loop(), name=name)
 
 
-async def stop_task(task: asyncio.Task[None] | None) -> None:
-    if task is None:
-        return
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+async def start_upkeep(
+    options: StoreOptions, steps: Sequence[Step], purge_expired: Step, name: str
+) -> asyncio.Task[None]:
+    """A durable store's upkeep (`run_every`). With a TTL, expired responses are purged now
+    (what expired while no gateway ran) and on every pass after the other steps."""
+    if options.ttl_seconds is not None:
+        await purge_expired()
+        steps = [*steps, purge_expired]
+    return run_every(options.maintenance_interval, steps, name)
 
 
 class CancelCallbacks:

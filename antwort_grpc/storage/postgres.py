@@ -35,12 +35,13 @@ from typing import TYPE_CHECKING
 import asyncpg
 
 from antwort_grpc import pb
-from antwort_grpc.storage.base import ItemPage, StoredResponse
-from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, from_row, interrupted, page_items, to_row
-from antwort_grpc.storage.maintenance import CancelCallbacks, run_every, stop_task
+from antwort_grpc.storage.base import StoredResponse
+from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, InputItemsInTheRow, from_row, interrupted, to_row
+from antwort_grpc.storage.maintenance import CancelCallbacks, start_upkeep
 from antwort_grpc.storage.migrations import migrate_postgres
 from antwort_grpc.storage.options import StoreOptions
 from antwort_grpc.storage.runlog_postgres import EVENTS_CHANNEL, HANDOVER_CHANNEL, PostgresRunLog
+from antwort_grpc.tasks import stop_task
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -91,7 +92,7 @@ async def migrate_database(url: str) -> int:
         await conn.close()
 
 
-class PostgresStore:
+class PostgresStore(InputItemsInTheRow):
     def __init__(self, url: str, pool: Pool, options: StoreOptions) -> None:
         self.url = url
         self.pool = pool
@@ -118,22 +119,18 @@ class PostgresStore:
             marked = await store.mark_interrupted()
             if marked:
                 log.warning("marked %d responses interrupted: their gateway replicas stopped", marked)
-            if options.ttl_seconds is not None:
-                await store.purge_expired()
+            steps = [
+                store._ensure_session,
+                store.mark_interrupted,
+                store.poll_cancels,
+                store.poll_controls,
+                store.runlog.purge_logs,
+            ]
+            store._task = await start_upkeep(options, steps, store.purge_expired, "postgres-store-upkeep")
         except BaseException:
             await store._close_session()
             await pool.close()
             raise
-        steps = [
-            store._ensure_session,
-            store.mark_interrupted,
-            store.poll_cancels,
-            store.poll_controls,
-            store.runlog.purge_logs,
-        ]
-        if options.ttl_seconds is not None:
-            steps.append(store.purge_expired)
-        store._task = run_every(options.maintenance_interval, steps, "postgres-store-upkeep")
         return store
 
     async def close(self) -> None:
@@ -179,14 +176,6 @@ class PostgresStore:
             _ts(self.options.clock()),
         )
         return status != "DELETE 0"
-
-    async def list_input_items(
-        self, response_id: str, *, limit: int, after: str, descending: bool, owner: str = ""
-    ) -> ItemPage | None:
-        record = await self.get(response_id, owner)
-        if record is None:
-            return None
-        return page_items(record.input_items, limit=limit, after=after, descending=descending)
 
     # -- liveness and the sweep -----------------------------------------------------------------
 

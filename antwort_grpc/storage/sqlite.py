@@ -18,13 +18,14 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from antwort_grpc.storage.base import ItemPage, StoredResponse
-from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, Row, from_row, interrupted, page_items, to_row
-from antwort_grpc.storage.maintenance import CancelCallbacks, Step, run_every, stop_task
+from antwort_grpc.storage.base import StoredResponse
+from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, InputItemsInTheRow, Row, from_row, interrupted, to_row
+from antwort_grpc.storage.maintenance import CancelCallbacks, start_upkeep
 from antwort_grpc.storage.migrations import migrate_sqlite
 from antwort_grpc.storage.options import StoreOptions
 from antwort_grpc.storage.runlog_sqlite import SQLiteRunLog
 from antwort_grpc.storage.sqlite_worker import SQLiteWorker
+from antwort_grpc.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def migrate_file(path: Path) -> int:
         conn.close()
 
 
-class SQLiteStore:
+class SQLiteStore(InputItemsInTheRow):
     def __init__(self, path: Path, options: StoreOptions, writer: SQLiteWorker, reader: SQLiteWorker, lock: int):
         self.path = path
         self.options = options
@@ -102,11 +103,7 @@ class SQLiteStore:
         marked = await store._mark_running_interrupted()
         if marked:
             log.warning("marked %d responses interrupted: left in progress by a gateway that stopped", marked)
-        steps: list[Step] = [store.runlog.purge_logs]
-        if options.ttl_seconds is not None:
-            await store.purge_expired()
-            steps.append(store.purge_expired)
-        store._task = run_every(options.maintenance_interval, steps, "sqlite-store-purge")
+        store._task = await start_upkeep(options, [store.runlog.purge_logs], store.purge_expired, "sqlite-store-purge")
         return store
 
     async def close(self) -> None:
@@ -146,14 +143,6 @@ class SQLiteStore:
             return cursor.rowcount > 0
 
         return await self.writer.run(delete)
-
-    async def list_input_items(
-        self, response_id: str, *, limit: int, after: str, descending: bool, owner: str = ""
-    ) -> ItemPage | None:
-        record = await self.get(response_id, owner)
-        if record is None:
-            return None
-        return page_items(record.input_items, limit=limit, after=after, descending=descending)
 
     # -- upkeep and cancel ----------------------------------------------------------------------
 

@@ -22,21 +22,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import grpc
 from google.protobuf import json_format, struct_pb2
-from grpc_health.v1._async import HealthServicer
 from opentelemetry import trace
 
 from antwort_grpc import pb, tracing
 from antwort_grpc.errors import RequestError
 from antwort_grpc.executors.base import ProgressSink
 from antwort_grpc.grpc_security import is_loopback
-from antwort_grpc.grpc_server import ServerSpec, bound_address, start_server
+from antwort_grpc.grpc_server import ProgramServing, ServerSpec, bound_address, serve_until_signalled, start_program
 from antwort_grpc.grpc_status import abort
 from antwort_grpc.tool_services.reaper import reaping_if_init
 from antwort_grpc.tool_services.security import ExecutorSecurity
@@ -184,22 +181,8 @@ class ToolExecutorServicer(pb.ToolExecutorServiceServicer):
         return result
 
 
-@dataclass
-class ExecutorServer:
-    server: grpc.aio.Server
-    port: int
-    host: str
-    service: ExecutorService
-    health: HealthServicer
-
-    @property
-    def target(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    async def stop(self, grace: float | None = 5.0) -> None:
-        await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace)
-        await self.service.close()
+# A running executor: `.target`, `.port`; `stop()` stops the server and closes the service.
+ExecutorServer: TypeAlias = ProgramServing
 
 
 # The gateway's own limits: a call's code or arguments as large as a request may carry.
@@ -214,7 +197,6 @@ async def serve_executor(
     loopback). StartupError for a non-loopback `listen` the security does not guard."""
     security = security or ExecutorSecurity()
     security.refuse_open_listen(listen)
-    await service.start()
     spec = ServerSpec(
         services=[SERVICE_NAME],
         add_services=lambda server: pb.add_ToolExecutorServiceServicer_to_server(ToolExecutorServicer(service), server),
@@ -222,13 +204,8 @@ async def serve_executor(
         interceptors=security.interceptors(),
         max_message_bytes=MAX_MESSAGE_BYTES,
     )
-    try:
-        serving = await start_server(listen, spec)
-    except BaseException:
-        await service.close()
-        raise
-    server, port, host, health = serving.server, serving.port, serving.host, serving.health
-    kind, address = pb.ToolKind.Name(service.kind), bound_address(listen, port)
+    serving = await start_program(listen, spec, service)
+    kind, address = pb.ToolKind.Name(service.kind), bound_address(listen, serving.port)
     log.info("%s executor %r listening on %s (%s)", kind, service.name, address, security.describe())
     if not security.admits_only_the_gateway and not is_loopback(listen):
         log.warning(
@@ -237,7 +214,7 @@ async def serve_executor(
             service.name,
             address,
         )
-    return ExecutorServer(server, port, host, service, health)
+    return serving
 
 
 async def run_executor(
@@ -247,11 +224,5 @@ async def run_executor(
     init) it also reaps orphaned processes."""
     async with reaping_if_init():
         running = await serve_executor(service, listen, security)
-        print(f"antwort-grpc executor {service.name} serving on {running.target}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        await running.stop(grace)
+        await serve_until_signalled(running, f"antwort-grpc executor {service.name}", grace)
     tracing.shutdown()

@@ -25,13 +25,18 @@ class ToolCallFragment(_Wire):
     function: FunctionFragment | None = None
 
 
-class Delta(_Wire):
+class _Said(_Wire):
+    """What an assistant message says; a streamed delta carries a fragment of each field."""
+
     role: str | None = None
     content: str | None = None
     # vLLM and DeepSeek say reasoning_content; Ollama and newer vLLM say reasoning.
     reasoning_content: str | None = None
     reasoning: str | None = None
     refusal: str | None = None
+
+
+class Delta(_Said):
     tool_calls: list[ToolCallFragment] | None = None
 
 
@@ -70,12 +75,7 @@ class ToolCall(_Wire):
     function: FunctionCall
 
 
-class Message(_Wire):
-    role: str | None = None
-    content: str | None = None
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-    refusal: str | None = None
+class Message(_Said):
     tool_calls: list[ToolCall] | None = None
 
 
