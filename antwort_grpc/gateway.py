@@ -22,15 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from grpc_health.v1._async import HealthServicer
-
 from antwort_grpc import tracing
 from antwort_grpc.auth.build import refuse_open_listen
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.core import Core, Parts, assemble, build_core
 from antwort_grpc.engine import Engine
 from antwort_grpc.executors.base import ToolExecutor
-from antwort_grpc.observability import Observability
 from antwort_grpc.observability.logs import one_line
 from antwort_grpc.observability.rpc_metrics import RpcMetrics
 from antwort_grpc.providers.base import Provider
@@ -85,26 +82,13 @@ class Gateway:
         self.doors.append(door)
 
     @property
-    def server(self) -> object:
-        return self.grpc.server
-
-    @property
     def port(self) -> int:
         assert self.grpc.serving is not None
         return self.grpc.serving.port
 
     @property
-    def host(self) -> str:
-        assert self.grpc.serving is not None
-        return self.grpc.serving.host
-
-    @property
     def target(self) -> str:
         return self.grpc.target
-
-    @property
-    def health(self) -> HealthServicer:
-        return self.grpc.health
 
     @property
     def engine(self) -> Engine:
@@ -115,12 +99,8 @@ class Gateway:
         return self.core.store
 
     @property
-    def observability(self) -> Observability | None:
-        return self.core.observability
-
-    @property
     def metrics_port(self) -> int | None:
-        server = self.observability.server if self.observability is not None else None
+        server = self.core.observability.server if self.core.observability is not None else None
         return server.port if server is not None else None
 
     async def stop(self, grace: float | None = 5.0, drain: float = 0.0) -> None:

@@ -315,7 +315,7 @@ async def test_without_authentication_every_rpc_is_counted_by_status_those_that_
         return Turn([Text("a long answer")], hold=gate if text == "hold" else None, hold_at=1)
 
     async with running_gateway(provider=ScriptedProvider([script], repeat=True), metrics_listen="127.0.0.1:0") as gw:
-        observability = gw.gateway.observability
+        observability = gw.gateway.core.observability
         assert observability is not None and observability.metrics is not None
         metrics = observability.metrics
         await collect(gw.stub.CreateResponse(user("hello")))

@@ -24,7 +24,7 @@ from antwort_grpc.errors import RequestError
 from antwort_grpc.front.call import Call, Encoded, Metadata, Sink
 from antwort_grpc.front.compaction import Compacted, summarizing_request, summary_of
 from antwort_grpc.front.controls import CONTROLS
-from antwort_grpc.front.creates import deliver, drain, follow, wants_durable
+from antwort_grpc.front.creates import Last, deliver, follow, wants_durable
 from antwort_grpc.front.session import ConverseSink, Session
 from antwort_grpc.front.stalls import Guard, StallWatch
 from antwort_grpc.hooks.service import Caller
@@ -236,7 +236,9 @@ class Front:
             async with self.edge.stream(call.method, call.identity, call.metadata, call.door) as watch:
                 with self.edge.response(size, reserved):
                     run = await self.responses.create(summarize, owner=call.owner, caller=self._caller(call))
-                    response = await drain(run.events(), watch)
+                    last = Last()
+                    await deliver(run, summarize, watch, last, Guard(None))
+                    response = last.response()
         finally:
             if reserved is not None:
                 reserved.release()

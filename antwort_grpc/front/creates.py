@@ -3,7 +3,7 @@ last for a non-streaming answer) and a background response's, read from its log.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Collection
+from collections.abc import AsyncGenerator, Collection, Sequence
 from typing import Any
 
 from antwort_grpc import pb
@@ -83,25 +83,25 @@ async def _batched(run: Run, events: Events, watch: Watch, sink: Sink, guard: Gu
         await batched.aclose()
 
 
-async def _last(events: Events, watch: Watch) -> pb.StreamEvent:
-    last = None
-    observing = watch.observing
-    async for event in events:
-        if observing:
-            watch.saw(event)
-        last = event
-    assert last is not None
-    return last
+class Last:
+    """A sink that keeps the one event a non-streaming answer sends: the core reading a response
+    itself (compaction)."""
 
+    def __init__(self) -> None:
+        self.last: pb.StreamEvent | None = None
 
-async def drain(events: Events, watch: Watch) -> pb.Response:
-    """Non-streaming, as the core reads it itself: the terminal event's response."""
-    try:
-        last = await _last(events, watch)
-    finally:
-        await events.aclose()
-    watch.ended()
-    return terminal_response(last)
+    async def event(self, event: pb.StreamEvent, wire: bytes | None) -> None:
+        self.last = event
+
+    async def batch(self, events: Sequence[pb.StreamEvent], wires: Sequence[bytes]) -> None:
+        self.last = events[-1]
+
+    async def logged(self, wires: Sequence[bytes], batched: bool) -> None:
+        self.last = pb.StreamEvent.FromString(wires[-1])
+
+    def response(self) -> pb.Response:
+        assert self.last is not None, "the run sent no event"
+        return terminal_response(self.last)
 
 
 async def follow(

@@ -22,7 +22,7 @@ class Guard:
 
     __slots__ = ("seen", "sent", "stalled", "task", "writing")
 
-    def __init__(self, task: asyncio.Task[object]) -> None:
+    def __init__(self, task: asyncio.Task[object] | None) -> None:
         self.task = task
         self.writing = False
         self.sent = 0
@@ -44,7 +44,7 @@ class StallWatch:
         """A guard of the current task's stream, watched until `release` (with no timeout set, a
         guard nobody watches: the stream marks its writes all the same). Not a context manager:
         this is on every response's path."""
-        guard = Guard(asyncio.current_task())  # type: ignore[arg-type]
+        guard = Guard(asyncio.current_task())
         if self.timeout:
             self.guards.add(guard)
             sweeper = self._sweeper
@@ -69,7 +69,8 @@ class StallWatch:
         for guard in stalled:
             self.guards.discard(guard)
             self.ended += 1
-            guard.task.cancel()
+            if guard.task is not None:
+                guard.task.cancel()
         return stalled
 
     async def _sweep(self) -> None:
