@@ -64,6 +64,14 @@ class GatewaySettings(BaseSettings):
     max_metadata: int = 16
     # A request that starts a response, serialized (0: only the gRPC message limit, 32 MiB).
     max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=0)
+    # What controls may add to a running response (docs/limits.md): items per steer or follow-up,
+    # and the steering messages and follow-ups waiting to be taken in, by count and bytes. What a
+    # response holds in all, with what controls add, is bounded by history_max_bytes.
+    max_control_items: int = Field(default=64, gt=0)
+    max_steers: int = Field(default=16, gt=0)
+    max_steer_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    max_follow_ups: int = Field(default=16, gt=0)
+    max_follow_up_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     response_ttl_seconds: float | None = None
     # Seconds between store upkeep: heartbeat, sweep of responses a dead replica left, TTL purge.
     store_maintenance_seconds: float = 5.0

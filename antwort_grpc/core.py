@@ -20,7 +20,7 @@ from antwort_grpc.auth.identity import Authenticator
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.edge import Admission, ConcurrencyLimit, Edge
 from antwort_grpc.engine import Engine, EngineConfig
-from antwort_grpc.engine.budget import ServerLimits
+from antwort_grpc.engine.budget import ControlLimits, ServerLimits
 from antwort_grpc.executors.base import FunctionExecutor, ToolExecutor
 from antwort_grpc.front import Front
 from antwort_grpc.hooks import Dispatcher, build_hooks
@@ -176,6 +176,7 @@ async def build_core(settings: GatewaySettings, parts: Parts) -> Core:
             approval_timeout=settings.approval_timeout,
             limits=server_limits(settings),
             hooks=await start_hooks(settings),
+            controls=control_limits(settings),
         ),
     )
     admits = admission(settings)
@@ -253,6 +254,18 @@ def request_limits(settings: GatewaySettings) -> Limits:
         max_input_items=settings.max_input_items,
         max_metadata=settings.max_metadata,
         max_request_bytes=settings.max_request_bytes,
+        max_control_items=settings.max_control_items,
+    )
+
+
+def control_limits(settings: GatewaySettings) -> ControlLimits:
+    return ControlLimits(
+        max_items=settings.max_control_items,
+        max_steers=settings.max_steers,
+        max_steer_bytes=settings.max_steer_bytes,
+        max_follow_ups=settings.max_follow_ups,
+        max_follow_up_bytes=settings.max_follow_up_bytes,
+        max_response_bytes=settings.history_max_bytes,
     )
 
 

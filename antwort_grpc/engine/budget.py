@@ -36,6 +36,20 @@ class ServerLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class ControlLimits:
+    """What controls may add to one response: items per control, steering messages and follow-ups
+    waiting to be taken in (count and bytes each), and the bytes the response may hold in all with
+    what they add (its input and output: the history cap, so that it can be read and continued)."""
+
+    max_items: int = 64
+    max_steers: int = 16
+    max_steer_bytes: int = 4 * 1024 * 1024
+    max_follow_ups: int = 16
+    max_follow_up_bytes: int = 4 * 1024 * 1024
+    max_response_bytes: int = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
 class RunLimits:
     """The limits of one response."""
 

@@ -14,31 +14,24 @@ STEER: int = pb.InputKind.INPUT_KIND_STEER
 
 def needs_checkpoint(run: Run) -> bool:
     """Whether a check point has anything to do (a stop, a pause or steering messages came)."""
-    inbox = run.inbox
-    return inbox.attention or inbox.pause_reason is not None
+    return run.attention or run.pause_reason is not None
 
 
 async def checkpoint(run: Run, *, inject: bool = True) -> AsyncIterator[pb.StreamEvent]:
     """A stop ends the run here; a pause waits here for resume; steering messages join here
     (at a turn boundary)."""
     run.check()
-    inbox = run.inbox
-    if inbox.pause_reason is not None:
-        inbox.paused = True
-        if run.hooks is not None:
-            run.hooks.flush()
-        yield run.emitter.paused(inbox.pause_reason)
-        while inbox.pause_reason is not None:
-            await run.wait_for_control()
-            run.check()
-        inbox.paused = False
+    if run.pause_reason is not None:
+        run.hooks.flush()
+        yield run.emitter.paused(run.pause_reason)
+        await run.hold_paused()
         yield run.emitter.resumed()
-    if inject and inbox.steer:
+    if inject and run.steered:
         early = run.take_early()
         if early is not None:
             # Asked before the steering message came: the model must see it.
             await early.discard()
-        for event in inject_items(run, STEER, inbox.take_steer()):
+        for event in inject_items(run, STEER, run.take_steer()):
             yield event
 
 

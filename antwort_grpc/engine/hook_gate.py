@@ -1,17 +1,25 @@
 """The hook gate of one run: where the loop asks the configured hooks, and the answers asked ahead.
 
-A run holds a HookGate only when hooks are configured; without one no hook request is ever built.
-The gate turns the loop's questions into hook points (hooks/dispatch.py does the calling) and
-keeps what was asked ahead: the first model call's hooks with the before-response hooks, the next
-model call's with a turn's one after-tool call, the before-tool decisions with the approvals. An
-answer asked ahead is used only for the very call it was asked about.
+Every run has a gate, and the loop asks it at every hook point without asking first whether hooks
+are configured. `HookPoints` is the gate of a run without hooks: each point a no-op, answered at
+once, and no hook request is ever built (`NO_HOOKS`, one for every such run). `HookGate` asks the
+configured hooks: it turns the loop's questions into hook points (hooks/dispatch.py does the
+calling) and keeps what was asked ahead: the first model call's hooks with the before-response
+hooks, the next model call's with a turn's one after-tool call, the before-tool decisions with the
+approvals. An answer asked ahead is used only for the very call it was asked about.
+
+A hook call the run waits for in its own task (at a turn boundary, before tools start) races the
+run's inbox (`Run.wait_for`): a stop that comes meanwhile cancels the call and ends the run at
+once. The before- and after-tool calls run inside the tool calls' tasks, which the tool round
+races; the before-response call comes before anyone can stop the run; the after-response audit
+comes once the run has its end.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from antwort_grpc import pb
 from antwort_grpc.engine.outcomes import Failed
@@ -36,6 +44,8 @@ P = Point
 # The next model call (its turn and request) as it will be with a given tool result, or None
 # when it is not certain there will be one.
 Following = Callable[[pb.FunctionCallOutput], "tuple[int, TurnRequest] | None"]
+# How the run waits for a hook call: raced against its inbox (Run.wait_for).
+Race = Callable[[Awaitable[Any]], Awaitable[Any]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -48,10 +58,102 @@ class Gated:
     approved: set[str]
 
 
-class HookGate:
+class HookPoints:
+    """The gate of a run without hooks: every point answered at once with "no objection"."""
+
+    def bind(self, response: pb.Response, race: Race) -> None:
+        """The response this run builds, and how the run waits for a hook call."""
+
+    def wants(self, point: int) -> bool:
+        return False
+
+    @property
+    def pauses(self) -> bool:
+        return False
+
+    @property
+    def asked_before_model(self) -> bool:
+        """Whether hooks are asked before a model call (a pause check or before-model hooks)."""
+        return False
+
+    @property
+    def asks_ahead(self) -> bool:
+        """Whether a turn's one after-tool call may carry the next model call's hooks."""
+        return False
+
+    def events(self, emitter: ResponseEmitter, *, ending: bool = False) -> list[pb.StreamEvent]:
+        """`hook_failed` events for the fail-open failures since the last call."""
+        return []
+
+    def flush(self) -> None:
+        """The run is about to wait (on the model, tools, a client)."""
+
+    def totals(self) -> tuple[int, int, float]:
+        """Hook calls, failures, seconds."""
+        return 0, 0, 0.0
+
+    def item_id(self, call_id: str, make: Callable[[], str] | None = None) -> str:
+        """The id of the output item of `call_id` made ahead ("" when none was); `make` makes one."""
+        return make() if make is not None else ""
+
+    async def admit(
+        self,
+        request: pb.CreateResponseRequest,
+        problems: Callable[[pb.CreateResponseRequest], list[str]],
+        first: TurnRequest | None,
+    ) -> pb.CreateResponseRequest:
+        """The before-response hooks: the request to run."""
+        return request
+
+    def early(self, request: TurnRequest) -> TurnRequest | None:
+        """The first model call, if it may start before anything else."""
+        return request
+
+    async def before_model(self, turn: int, request: TurnRequest, pause: bool) -> Paused | TurnRequest | Completion:
+        return request
+
+    def after_model(self, turn: int, output: Sequence[pb.Item], spent: tuple[int, int, int]) -> None:
+        """Observed by hooks (held for their next exchange)."""
+
+    async def after_response(self, response: pb.Response) -> Failed | None:
+        """Audit hooks see the response as it ends; a fail-closed failure is its end instead."""
+        return None
+
+    async def before_tools(
+        self, calls: list[pb.FunctionCall], routes: Mapping[str, Route], pause: bool
+    ) -> Paused | Gated:
+        return Gated(calls, [], set())
+
+    async def before_tool(self, call: pb.FunctionCall, tool: pb.Tool) -> ToolDecision | None:
+        return None
+
+    async def after_tool(
+        self, call: pb.FunctionCall, result: pb.FunctionCallOutput, following: Following | None
+    ) -> pb.FunctionCallOutput:
+        return result
+
+
+# The gate of every run without hooks (it keeps nothing).
+NO_HOOKS = HookPoints()
+
+
+def gate(dispatcher: Dispatcher | None, hook_run: HookRun | None) -> HookPoints:
+    """A run's gate: the configured hooks', or the no-op one when none are configured (or the
+    run has no hook side)."""
+    if dispatcher is None or hook_run is None:
+        return NO_HOOKS
+    return HookGate(dispatcher, hook_run)
+
+
+async def _unraced(work: Awaitable[Any]) -> Any:
+    return await work
+
+
+class HookGate(HookPoints):
     def __init__(self, hooks: Dispatcher, hook_run: HookRun) -> None:
         self.hooks = hooks
         self.run = hook_run
+        self._race: Race = _unraced
         # The next model call's hooks, asked ahead: its turn, the call asked about, the answer.
         self._ahead: tuple[int, pb.ModelCall, Paused | ModelDecision] | None = None
         # Before-tool decisions asked ahead, with the approvals.
@@ -60,8 +162,10 @@ class HookGate:
         # id: the items added then are the same items.
         self._item_ids: dict[str, str] = {}
 
-    def bind(self, response: pb.Response) -> None:
-        """The response this run builds: hooks learn its id, model and metadata."""
+    def bind(self, response: pb.Response, race: Race) -> None:
+        """The response this run builds (hooks learn its id, model and metadata), and how the run
+        waits for a hook call."""
+        self._race = race
         context = self.run.context
         context.response_id = response.id
         context.model = response.model
@@ -79,6 +183,10 @@ class HookGate:
     def asked_before_model(self) -> bool:
         """Whether hooks are asked before a model call (a pause check or before-model hooks)."""
         return self.pauses or self.hooks.wants(P.HOOK_POINT_BEFORE_MODEL)
+
+    @property
+    def asks_ahead(self) -> bool:
+        return self.hooks.wants(P.HOOK_POINT_AFTER_TOOL) and self.asked_before_model
 
     def events(self, emitter: ResponseEmitter, *, ending: bool = False) -> list[pb.StreamEvent]:
         """`hook_failed` events for the fail-open failures since the last call; HookFailed when a
@@ -129,6 +237,8 @@ class HookGate:
     def early(self, request: TurnRequest) -> TurnRequest | None:
         """The first model call, if it may start before anything else: its hooks were asked
         ahead about this very call and neither paused nor answered it."""
+        if not self.asked_before_model:
+            return request
         decision = self._asked_ahead(1, model_call_of(request))
         if decision is None or isinstance(decision, Paused) or decision.answer is not None:
             return None  # the turn boundary takes it
@@ -146,7 +256,7 @@ class HookGate:
         decision = self._asked_ahead(turn, call) if first_check else None
         self._ahead = None  # asked about once: whatever comes next is asked again
         if decision is None:
-            decision = await self.hooks.model_turn(self._at(turn), call, turn, pause)
+            decision = await self._race(self.hooks.model_turn(self._at(turn), call, turn, pause))
         if isinstance(decision, Paused):
             return decision
         if decision.answer is not None:
@@ -196,7 +306,7 @@ class HookGate:
             return route.executor is not None and not needs_approval(call.name, route.tool)
 
         routed = [(call, routes[call.name].tool) for call in calls]
-        decided = await self.hooks.before_tools(self.run, routed, pause, ahead)
+        decided = await self._race(self.hooks.before_tools(self.run, routed, pause, ahead))
         if isinstance(decided, Paused):
             return decided
         self._decided.update(decided.decided)

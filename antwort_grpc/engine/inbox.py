@@ -1,33 +1,76 @@
 """A run's inbox: the controls that came for it and not yet acted on, and the bell that tells a
-waiting run that one came.
+waiting run that one came. Private to its Run (engine/run.py): only the run's verbs read and
+write it.
 
 Controls never interrupt a task: `send` records what came and rings the bell of the wait the run
-is in (if any). Every wait of a run reads one queue — a model call's deltas, tool results and
-progress, or a queue of its own — and the bell is one more message on that channel, so a wait ends
-the moment a control arrives and the run decides what it means where it is. Cancellation stays
-what it means in asyncio: the client went away, or the server is shutting down.
+is in (if any). Every wait of a run reads one channel — a model call's deltas, tool results and
+progress, a hook call's or a save's end, or a channel of its own — and the bell is one more
+message on that channel, so a wait ends the moment a control arrives and the run decides what it
+means where it is. Cancellation stays what it means in asyncio: the client went away, or the
+server is shutting down.
+
+What a control may add is bounded (budget.ControlLimits): items per control, steering messages and
+follow-ups queued (count and bytes), and what the response may hold in all — the history cap, so
+that the response can always be read back and continued.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 
 import grpc
 
 from antwort_grpc import pb
+from antwort_grpc.engine.budget import ControlLimits
 from antwort_grpc.engine.channel import Channel
 from antwort_grpc.errors import FieldViolation, RequestError
 
-# Follow-ups queued on one run: at most this many, holding at most this many bytes.
-MAX_FOLLOW_UPS = 16
-MAX_FOLLOW_UP_BYTES = 4 * 1024 * 1024
 
+class _Queue:
+    """Steering messages or follow-ups waiting for the run, with their bytes."""
 
-@dataclass(frozen=True, slots=True)
-class InboxLimits:
-    max_follow_ups: int = MAX_FOLLOW_UPS
-    max_follow_up_bytes: int = MAX_FOLLOW_UP_BYTES
+    __slots__ = ("bytes", "entries", "kind", "max_bytes", "max_count")
+
+    def __init__(self, kind: str, max_count: int, max_bytes: int) -> None:
+        self.kind = kind
+        self.max_count = max_count
+        self.max_bytes = max_bytes
+        self.entries: deque[tuple[list[pb.Item], int]] = deque()
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def check(self, size: int) -> None:
+        """RESOURCE_EXHAUSTED when one more of `size` bytes does not fit."""
+        if size > self.max_bytes:
+            message = f"a {self.kind} of {size} bytes is more than the {self.max_bytes} bytes one may hold"
+            raise _exhausted(f"control.{self.kind}", message, "control_too_large")
+        if len(self.entries) >= self.max_count or self.bytes + size > self.max_bytes:
+            message = (
+                f"at most {self.max_count} {self.kind} controls of {self.max_bytes} bytes in all may wait for one "
+                f"response: send the next one after the ones queued are taken in"
+            )
+            raise _exhausted(f"control.{self.kind}", message, f"{self.kind}_queue_full")
+
+    def add(self, items: list[pb.Item], size: int) -> None:
+        self.entries.append((items, size))
+        self.bytes += size
+
+    def take(self) -> list[pb.Item]:
+        items, size = self.entries.popleft()
+        self.bytes -= size
+        return items
+
+    def take_all(self) -> list[pb.Item]:
+        taken = [item for items, _ in self.entries for item in items]
+        self.clear()
+        return taken
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.bytes = 0
 
 
 class Inbox:
@@ -35,7 +78,6 @@ class Inbox:
 
     __slots__ = (
         "_bell",
-        "_follow_up_bytes",
         "_rang",
         "attention",
         "awaiting",
@@ -43,24 +85,26 @@ class Inbox:
         "decisions",
         "follow_ups",
         "limits",
+        "measure",
         "pause_reason",
         "paused",
-        "steer",
+        "steers",
         "stop_reason",
     )
 
-    def __init__(self, controller: bool = False, limits: InboxLimits = InboxLimits()) -> None:
+    def __init__(self, controller: bool, limits: ControlLimits, measure: Callable[[], int]) -> None:
         # A client is attached that can decide approvals while the run waits (a Converse stream).
         self.controller = controller
         self.limits = limits
+        # The bytes the response holds now (its input and output): what controls add counts on it.
+        self.measure = measure
         # "cancelled", "deadline" or "max_duration" once a stop was asked for.
         self.stop_reason = ""
         # Something for the run to look at on its next check (a stop or a steer): one flag, read
         # once per streamed delta.
         self.attention = False
-        self.steer: list[pb.Item] = []
-        self.follow_ups: deque[list[pb.Item]] = deque()
-        self._follow_up_bytes = 0
+        self.steers = _Queue("steer", limits.max_steers, limits.max_steer_bytes)
+        self.follow_ups = _Queue("follow_up", limits.max_follow_ups, limits.max_follow_up_bytes)
         self.pause_reason: str | None = None
         self.paused = False
         # Calls waiting for a client's approval (by call_id) and the decisions that came for them.
@@ -80,10 +124,10 @@ class Inbox:
         if which == "cancel":
             self.stop("cancelled")
         elif which == "steer":
-            self.steer += [_copy(i) for i in control.steer.items]
+            self._queue(self.steers, control.steer.items, control.steer.ByteSize())
             self.attention = True
         elif which == "follow_up":
-            self._queue_follow_up(control.follow_up.items)
+            self._queue(self.follow_ups, control.follow_up.items, control.follow_up.ByteSize())
         elif which == "approval":
             self._decide(control.approval)
         elif which == "pause":
@@ -113,10 +157,6 @@ class Inbox:
         self.controller = False
         self.ring()
 
-    def pause(self, reason: str) -> None:
-        """A pause asked for by a hook (a client's comes with `send`)."""
-        self.pause_reason = reason
-
     def ring(self) -> None:
         if self._bell is not None:
             self._bell.ring()
@@ -134,39 +174,43 @@ class Inbox:
             queue.ring()
 
     def take_steer(self) -> list[pb.Item]:
-        items, self.steer = self.steer, []
+        items = self.steers.take_all()
         self.attention = bool(self.stop_reason)
         return items
 
-    def take_follow_up(self) -> list[pb.Item]:
-        items = self.follow_ups.popleft()
-        self._follow_up_bytes -= sum(i.ByteSize() for i in items)
-        return items
+    def await_approvals(self, requests: Sequence[pb.ApprovalRequest]) -> None:
+        self.awaiting = {r.call_id: r for r in requests}
+        self.decisions = {}
+
+    def take_decisions(self) -> Mapping[str, pb.ApprovalResponse]:
+        decisions = self.decisions
+        self.awaiting, self.decisions = {}, {}
+        return decisions
 
     def clear(self) -> None:
         """The run ended: what is still queued is dropped (nothing will read it)."""
-        self.steer, self.decisions, self.awaiting = [], {}, {}
+        self.steers.clear()
         self.follow_ups.clear()
-        self._follow_up_bytes = 0
+        self.decisions, self.awaiting = {}, {}
         self._bell = None
 
-    def _queue_follow_up(self, items: object) -> None:
-        copied = [_copy(i) for i in items]  # type: ignore[attr-defined]
-        size = sum(i.ByteSize() for i in copied)
+    def _queue(self, queue: _Queue, items: Sequence[pb.Item], size: int) -> None:
+        """Items a control adds, within the limits (checked before anything is copied)."""
+        kind = queue.kind
         limits = self.limits
-        if len(self.follow_ups) >= limits.max_follow_ups or self._follow_up_bytes + size > limits.max_follow_up_bytes:
+        if len(items) > limits.max_items:
+            message = f"a {kind} may carry at most {limits.max_items} items, this one has {len(items)}"
+            raise _exhausted(f"control.{kind}.items", message, "control_too_large")
+        queue.check(size)
+        held = self.measure() + self.steers.bytes + self.follow_ups.bytes
+        if held + size > limits.max_response_bytes:
             message = (
-                f"at most {limits.max_follow_ups} follow-ups of {limits.max_follow_up_bytes} bytes in all may wait "
-                "for one response: send the next one after the ones queued are answered"
+                f"the response holds {held} bytes of input, output and queued controls; with this {kind} "
+                f"({size} bytes) it would pass {limits.max_response_bytes} bytes, more than it could be read back "
+                "or continued with: start a new response that continues this one"
             )
-            raise RequestError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                message,
-                [FieldViolation("control.follow_up", message)],
-                "follow_up_queue_full",
-            )
-        self.follow_ups.append(copied)
-        self._follow_up_bytes += size
+            raise _exhausted(f"control.{kind}", message, "response_too_large")
+        queue.add([_copy(i) for i in items], size)
 
     def _decide(self, approval: pb.ApprovalResponse) -> None:
         call_id = approval.call_id
@@ -187,3 +231,7 @@ def _copy(item: pb.Item) -> pb.Item:
 
 def _precondition(field_name: str, message: str, reason: str) -> RequestError:
     return RequestError(grpc.StatusCode.FAILED_PRECONDITION, message, [FieldViolation(field_name, message)], reason)
+
+
+def _exhausted(field_name: str, message: str, reason: str) -> RequestError:
+    return RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, message, [FieldViolation(field_name, message)], reason)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
@@ -19,12 +20,12 @@ import grpc
 
 from antwort_grpc import pb
 from antwort_grpc.engine import continuation, durable, response_status
-from antwort_grpc.engine.budget import ServerLimits, run_limits
+from antwort_grpc.engine.budget import ControlLimits, ServerLimits, run_limits
 from antwort_grpc.engine.checkpoints import inject_items
 from antwort_grpc.engine.durable import Resumed
 from antwort_grpc.engine.emitter import ResponseEmitter, echoed_tools
 from antwort_grpc.engine.history import HISTORY_MAX_BYTES, History, load_history
-from antwort_grpc.engine.hook_gate import HookGate
+from antwort_grpc.engine.hook_gate import gate
 from antwort_grpc.engine.model_call import call_model, turn_request
 from antwort_grpc.engine.outcomes import (
     Cancelled,
@@ -73,6 +74,8 @@ class EngineConfig:
     limits: ServerLimits = field(default_factory=ServerLimits)
     # Policy hooks; None: none are configured, and none are ever asked.
     hooks: Dispatcher | None = None
+    # What controls may add to a response (the response's bytes in all: history_max_bytes).
+    controls: ControlLimits = field(default_factory=ControlLimits)
 
     @property
     def max_turns(self) -> int:
@@ -85,6 +88,9 @@ class Engine:
         self.store = store
         self.config = config or EngineConfig()
         self.runs = RunRegistry()
+        # A response must stay readable and continuable: what controls add counts against the
+        # history cap.
+        self.controls = dataclasses.replace(self.config.controls, max_response_bytes=self.config.history_max_bytes)
         self.settings = TurnSettings(
             provider,
             bool(self.config.executors),
@@ -134,13 +140,10 @@ class Engine:
         # it, and a crash leaves it to be found and marked interrupted.
         await self._save(run, required=True)
         self.runs.add(run)
-        clock = asyncio.get_running_loop()
         if timeout is not None:
-            run.deadline = clock.time() + timeout
-            # Stop a little early so the failed event still reaches the client in time.
-            run.stop_at(run.deadline - min(0.5, timeout * 0.1), "deadline")
+            run.time_limit(timeout)
         if run.limits.max_duration is not None:
-            run.stop_at(clock.time() + run.limits.max_duration, "max_duration")
+            run.stop_at(asyncio.get_running_loop().time() + run.limits.max_duration, "max_duration")
         run.bind(self._drive)
         return run
 
@@ -164,14 +167,16 @@ class Engine:
             limits=run_limits(request, limits),
             window=ContextWindow(limits.context if request.truncation == AUTO else UNLIMITED),
             continuation=durable.interrupted_calls(seen, tools),
+            controls=self.controls,
         )
         run = Run(request, response, setup)
-        run.restore(resumed.turn + superseded.turns, resumed.round)
         emitter = run.emitter
+        recovery = None
         if resumed.last_sequence_number:
             # Lost before its first event was logged: it starts as any response does.
-            run.recovery = [emitter.recovered(resumed.last_sequence_number, resumed.turn, resumed.reason)]
-            run.recovery += [emitter.superseded(i, superseded.items[i]) for i in superseded.still_open]
+            recovery = [emitter.recovered(resumed.last_sequence_number, resumed.turn, resumed.reason)]
+            recovery += [emitter.superseded(i, superseded.items[i]) for i in superseded.still_open]
+        run.restore(resumed.turn + superseded.turns, resumed.round, recovery)
         self.runs.add(run)
         if run.limits.max_duration is not None:
             started = response.created_at.ToNanoseconds() / 1e9
@@ -208,15 +213,15 @@ class Engine:
         (PERMISSION_DENIED; UNAVAILABLE when a fail-closed hook failed) or change it (prepared
         again, under the same id). A request that cannot be prepared still goes to the hooks
         first: one may make it one that can."""
-        hooks = self.config.hooks
-        if hook_run is None or hooks is None or not hooks.wants(Point.HOOK_POINT_BEFORE_RESPONSE):
+        hooks = gate(self.config.hooks, hook_run)
+        if not hooks.wants(Point.HOOK_POINT_BEFORE_RESPONSE):
             return await self._prepare(request, owner, controller, hook_run, response_id)
         run: Run | None = None
         with contextlib.suppress(RequestError):
             run = await self._prepare(request, owner, controller, hook_run, response_id)
         try:
-            if run is None or run.hooks is None:
-                admitted = await hooks.before_response(hook_run, request, problems)
+            if run is None:
+                admitted = await hooks.admit(request, problems, None)
             else:
                 admitted = await run.hooks.admit(request, problems, self._first_call(run))
         except HookRejected as rejected:
@@ -232,7 +237,7 @@ class Engine:
         hooks are asked before it."""
         if run.limits.max_turns <= 0 or run.continuation.starts_with_tools:
             return None
-        if run.hooks is None or not run.hooks.asked_before_model:
+        if not run.hooks.asked_before_model:
             return None
         return turn_request(run, 1)
 
@@ -264,7 +269,6 @@ class Engine:
         if request.truncation:
             response.truncation = request.truncation
         limits = self.config.limits
-        hooks = self.config.hooks
         setup = RunSetup(
             input_items=items,
             context=history.items + items,
@@ -273,7 +277,8 @@ class Engine:
             limits=run_limits(request, limits),
             # Only truncation AUTO looks at the window.
             window=ContextWindow(limits.context if request.truncation == AUTO else UNLIMITED),
-            hooks=HookGate(hooks, hook_run) if hooks is not None and hook_run is not None else None,
+            hooks=gate(self.config.hooks, hook_run),
+            controls=self.controls,
             # An engine without executors is single-shot: it runs nothing of an earlier response.
             continuation=resumed if self.config.executors else Continuation(),
             controller=controller,
@@ -298,9 +303,8 @@ class Engine:
             else:
                 for event in run.recovery:
                     yield event
-            if run.hooks is not None:
-                for event in run.hooks.events(emitter):
-                    yield event
+            for event in run.hooks.events(emitter):
+                yield event
             turns = _Turns(run, self.settings)
             outcome: FinalOutcome
             try:
@@ -322,9 +326,8 @@ class Engine:
             outcome = await self._audited(run, outcome)
             run.finish(outcome)
             self._write_record(run)
-            if run.hooks is not None:
-                for event in run.hooks.events(emitter, ending=True):
-                    yield event
+            for event in run.hooks.events(emitter, ending=True):
+                yield event
             await asyncio.shield(self._save(run))
             finished = True
             yield await _terminal(emitter, outcome)
@@ -336,10 +339,7 @@ class Engine:
         overlaps the writes of `created` and `in_progress`."""
         if not run.request.stream or run.limits.max_turns <= 0 or run.continuation.starts_with_tools:
             return
-        first: TurnRequest | None = turn_request(run, 1)
-        if run.hooks is not None and run.hooks.asked_before_model:
-            assert first is not None
-            first = run.hooks.early(first)
+        first = run.hooks.early(turn_request(run, 1))
         if first is not None:
             run.start_early(call_model(run, self.provider, first))
 
@@ -361,8 +361,6 @@ class Engine:
     async def _audited(self, run: Run, outcome: FinalOutcome) -> FinalOutcome:
         """Audit hooks see the response as it ends (its final status and metrics) and every
         observation is delivered; a fail-closed failure there is the response's end instead."""
-        if run.hooks is None:
-            return outcome
         ending = run.response
         if run.hooks.wants(Point.HOOK_POINT_AFTER_RESPONSE):
             ending = pb.Response()
@@ -379,8 +377,7 @@ class Engine:
     def _write_record(self, run: Run, response: pb.Response | None = None) -> None:
         """The run's metrics and how much the model did not see, into the response."""
         response = response or run.response
-        if run.hooks is not None:
-            run.record.hooks(*run.hooks.totals())
+        run.record.hooks(*run.hooks.totals())
         run.record.write(response.metrics)
         response.omitted_items = run.window.omitted
 
@@ -423,7 +420,7 @@ class _Turns(Step[FinalOutcome]):
                     continue
                 case NextRound():
                     run.next_round()
-                    for event in inject_items(run, FOLLOW_UP, run.inbox.take_follow_up()):
+                    for event in inject_items(run, FOLLOW_UP, run.take_follow_up()):
                         yield event
                 case outcome:
                     self.end(outcome)
@@ -450,7 +447,7 @@ class _Turns(Step[FinalOutcome]):
             tools = ToolRound(run, plan)
             async for event in tools.events():
                 yield event
-            await self.settings.save(run)
+            await run.wait_for(self.settings.save(run))
             if tools.result is not None:
                 self.end(tools.result)
                 return

@@ -18,9 +18,8 @@ from antwort_grpc.engine import turn_rules
 from antwort_grpc.engine.budget import output_budget
 from antwort_grpc.engine.channel import RING, Channel
 from antwort_grpc.engine.emitter import ResponseEmitter
-from antwort_grpc.engine.inbox import Inbox
 from antwort_grpc.engine.model_task import ModelCall
-from antwort_grpc.engine.run import Run, Stopped
+from antwort_grpc.engine.run import Run
 from antwort_grpc.providers.base import (
     Completion,
     FinishReason,
@@ -47,8 +46,7 @@ _ENDED = object()
 
 def call_model(run: Run, provider: Provider, request: TurnRequest) -> ModelCall:
     """The one place the model is called."""
-    if run.hooks is not None:
-        run.hooks.flush()
+    run.hooks.flush()
     run.record.model_started(run.response.usage)
     retry = run.request.truncation == AUTO
     if run.request.stream:
@@ -154,16 +152,15 @@ def turn_request(run: Run, turn: int, context: Sequence[pb.Item] | None = None) 
 
 async def await_completion(run: Run, call: ModelCall) -> Completion | None:
     """A non-streaming turn; None when a steering message cut it short."""
-    inbox = run.inbox
     channel = call.channel
-    inbox.listen(channel)
+    run.listen(channel)
     try:
         while True:
             got = await channel.get()
             if got is RING:
-                if inbox.attention:
+                if run.attention:
                     run.check()
-                    if inbox.steer:
+                    if run.steered:
                         return None
                 continue
             if isinstance(got, BaseException):
@@ -171,7 +168,7 @@ async def await_completion(run: Run, call: ModelCall) -> Completion | None:
             assert isinstance(got, Completion)
             return got
     finally:
-        inbox.listen(None)
+        run.listen(None)
         if not call.task.done():
             # Cut by a steering message or a stop, or the client went away: the call is ours.
             await call.discard()
@@ -184,15 +181,14 @@ async def stream_turn(
     `merge`: deltas of a coalescing provider that waited while the run wrote events leave as one,
     as the provider joins those that wait in one read of its backend."""
     emitter = run.emitter
-    inbox = run.inbox
     channel = call.channel
     # The bell rings on the deltas' channel for the whole call: a control ends the wait for one.
-    inbox.listen(channel)
+    run.listen(channel)
     first = True
     ended = False
     try:
         while True:
-            if inbox.attention and _steered(inbox):
+            if run.attention and _steered(run):
                 for event in emitter.close_turn(ITEM_INCOMPLETE):
                     yield event
                 yield None
@@ -217,7 +213,7 @@ async def stream_turn(
             for event in events:
                 yield event
     finally:
-        inbox.listen(None)
+        run.listen(None)
         if ended:
             # The backend's answer is complete: the call only closes its connection now, and
             # ends by itself. Waiting for it here would hold the turn's last events (and, batched,
@@ -227,12 +223,11 @@ async def stream_turn(
             await call.discard()
 
 
-def _steered(inbox: Inbox) -> bool:
+def _steered(run: Run) -> bool:
     """What a control that came during the stream asks: a stop ends the run, a steering message
     the turn."""
-    if inbox.stop_reason:
-        raise Stopped
-    return bool(inbox.steer)
+    run.check()
+    return run.steered
 
 
 def _closed(emitter: ResponseEmitter, end: TurnEnd) -> list[pb.StreamEvent]:

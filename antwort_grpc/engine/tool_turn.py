@@ -73,12 +73,9 @@ class ToolGate(Step[RequiresAction | ExecuteTools]):
         run = self.run
         pause = True
         while True:
-            if run.inbox.steer:
+            if run.steered:
                 # A steering message came before the calls started: none of them runs.
                 self.end(ExecuteTools([], self.rejected + supersede_outputs(run, self.accepted)))
-                return
-            if run.hooks is None:
-                self._gated = Gated(self.accepted, [], set())
                 return
             gated = await run.hooks.before_tools(self.accepted, run.tools.routes, pause)
             for event in run.hooks.events(run.emitter):
@@ -86,7 +83,7 @@ class ToolGate(Step[RequiresAction | ExecuteTools]):
             if not isinstance(gated, Paused):
                 self._gated = gated
                 return
-            run.inbox.pause(gated.reason)
+            run.pause(gated.reason)
             pause = False
             async for event in checkpoint(run, inject=False):
                 yield event
@@ -103,7 +100,7 @@ class ToolGate(Step[RequiresAction | ExecuteTools]):
                 yield event
         run.append(emitter.turn_items)
         # A decision may come the moment the event is out, before this generator resumes.
-        run.inbox.awaiting = {r.call_id: r for r in requests} if run.controller else {}
+        run.await_approvals(requests)
         yield emitter.approval_requested(requests)
         if not run.controller:
             # Nobody can decide now: the response pauses; the client continues it with
@@ -113,7 +110,7 @@ class ToolGate(Step[RequiresAction | ExecuteTools]):
             return
         async for event in _await_decisions(run, requests, self.approval_timeout):
             yield event
-        if run.inbox.steer:
+        if run.steered:
             self.end(ExecuteTools([], self.rejected + supersede_outputs(run, calls)))
             return
         self.end(self._decided(calls, requests))
@@ -121,10 +118,9 @@ class ToolGate(Step[RequiresAction | ExecuteTools]):
     def _decided(
         self, calls: list[pb.FunctionCall], requests: list[pb.ApprovalRequest]
     ) -> RequiresAction | ExecuteTools:
-        inbox = self.run.inbox
         server_side = self.run.tools.server_side
-        undecided = {r.call_id for r in requests if r.call_id not in inbox.decisions}
-        decisions, inbox.decisions, inbox.awaiting = inbox.decisions, {}, {}
+        decisions = self.run.take_decisions()
+        undecided = {r.call_id for r in requests if r.call_id not in decisions}
         approved: list[pb.FunctionCall] = []
         for call in calls:
             decision = decisions.get(call.call_id)
@@ -149,7 +145,6 @@ def supersede(run: Run, calls: Sequence[pb.FunctionCall]) -> list[pb.StreamEvent
 
 def supersede_outputs(run: Run, calls: list[pb.FunctionCall]) -> list[pb.FunctionCallOutput]:
     run.supersede([c.call_id for c in calls])
-    run.inbox.decisions, run.inbox.awaiting = {}, {}
     return [turn_rules.error_output(c, turn_rules.SUPERSEDED) for c in calls]
 
 
@@ -159,27 +154,23 @@ async def _await_decisions(
     """Wait until every request is decided (each decision is recorded as an approval_response
     output item when it arrives), a steering message comes, the approval timeout passes
     (undecided ones are denied with reason "timeout"), or the controlling client goes away."""
-    inbox = run.inbox
-    inbox.awaiting = {r.call_id: r for r in requests}
-    if run.hooks is not None:
-        run.hooks.flush()
+    run.hooks.flush()
     emitter = run.emitter
     timeout_at = asyncio.get_running_loop().time() + approval_timeout
     recorded: set[str] = set()
     while True:
-        for call_id, decision in list(inbox.decisions.items()):
+        for call_id, decision in list(run.decisions.items()):
             if call_id not in recorded:
                 recorded.add(call_id)
                 emitter.start_turn()
                 for event in emitter.add_item(pb.Item(approval_response=decision)):
                     yield event
                 run.append(emitter.turn_items)
-        if len(recorded) == len(requests) or inbox.steer or not inbox.controller:
+        if len(recorded) == len(requests) or run.steered or not run.controller:
             return
         run.check()
         if not await run.wait_for_control(timeout_at):
-            for call_id in inbox.awaiting:
-                inbox.decisions.setdefault(call_id, pb.ApprovalResponse(call_id=call_id, reason="timeout"))
+            run.time_out_approvals()
 
 
 class ToolRound(Step[Failed | None]):
@@ -197,8 +188,7 @@ class ToolRound(Step[Failed | None]):
 
     async def events(self) -> AsyncIterator[pb.StreamEvent]:
         run = self.run
-        if run.hooks is not None:
-            run.hooks.flush()
+        run.hooks.flush()
         calls = self.plan.calls
         items = _call_items(run, calls)
         following = _following(run, self.plan)
@@ -242,9 +232,8 @@ class ToolRound(Step[Failed | None]):
             results[position] = update
             if found:
                 yield emitter.tool_finished(found[0], found[1], update, timed_out)
-            if run.hooks is not None:
-                for event in run.hooks.events(emitter):
-                    yield event
+            for event in run.hooks.events(emitter):
+                yield event
             run.check()
             if self.failed is not None:
                 return  # FAIL mode: the calls still running are cancelled; outputs so far kept
@@ -276,7 +265,7 @@ async def run_tool(
     ahead, with the after-tool hooks)."""
     hooks = run.hooks
     result: pb.FunctionCallOutput | None = None
-    decision = await hooks.before_tool(call, route.tool) if hooks is not None else None
+    decision = await hooks.before_tool(call, route.tool)
     if decision is not None:
         call, result = decision.call, decision.result
     executed = result is None
@@ -286,9 +275,8 @@ async def run_tool(
         result, timed_out = await _execute(call, route, progress, timeouts)
     seconds = time.perf_counter() - started
     result.call_id = call.call_id
-    if hooks is not None:
-        fails = executed and result.is_error and run.request.tool_failure_mode == FAIL
-        result = await hooks.after_tool(call, result, None if fails else following)
+    fails = executed and result.is_error and run.request.tool_failure_mode == FAIL
+    result = await hooks.after_tool(call, result, None if fails else following)
     run.record.tool_call(call.name, seconds, is_error=result.is_error, timed_out=timed_out)
     return result, timed_out, executed
 
@@ -337,12 +325,11 @@ def _following(run: Run, plan: ExecuteTools) -> Following | None:
     result stays as it is and nothing comes first (a stop, a pause, a steering message, a
     limit), so that its hooks can be asked ahead, with the call's after-tool hooks."""
     hooks = run.hooks
-    if len(plan.calls) != 1 or hooks is None:
+    if len(plan.calls) != 1 or not hooks.asks_ahead:
         return None
 
     def following(result: pb.FunctionCallOutput) -> tuple[int, TurnRequest] | None:
-        inbox = run.inbox
-        if inbox.stop_reason or inbox.steer or inbox.pause_reason is not None:
+        if run.stop_reason or run.steered or run.pause_reason is not None:
             return None
         if limit_reached(run.limits, run.turn, run.response.usage.output_tokens) is not None:
             return None
@@ -362,7 +349,7 @@ def add_outputs(run: Run, outputs: Sequence[pb.FunctionCallOutput]) -> list[pb.S
     events: list[pb.StreamEvent] = []
     emitter.start_turn()
     for output in outputs:
-        item_id = run.hooks.item_id(output.call_id) if run.hooks is not None else ""
+        item_id = run.hooks.item_id(output.call_id)
         events += emitter.add_item(pb.Item(id=item_id, function_call_output=output))
     run.append(emitter.turn_items)
     return events

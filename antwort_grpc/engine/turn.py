@@ -73,8 +73,7 @@ class Turn(Step[TurnOutcome]):
         # Sub-steps that usually have nothing to say are entered only when they do: every async
         # generator costs a few microseconds to start, and this runs once per turn.
         run = self.run
-        if run.durable is not None:
-            await run.durable.save(run)
+        await run.save_checkpoint()
         if needs_checkpoint(run):
             async for event in checkpoint(run):
                 yield event
@@ -113,7 +112,7 @@ class Turn(Step[TurnOutcome]):
         self.number = run.next_turn()
         self.began = asyncio.get_running_loop().time()
         self.call = run.take_early()
-        if self.call is None and (run.hooks is None or not run.hooks.asked_before_model):
+        if self.call is None and not run.hooks.asked_before_model:
             self.call = call_model(run, self.settings.provider, turn_request(run, self.number))
         return True
 
@@ -130,7 +129,6 @@ class Turn(Step[TurnOutcome]):
         answer replaces the call; changes apply to it."""
         run = self.run
         hooks = run.hooks
-        assert hooks is not None
         pause = True
         while True:
             decided = await hooks.before_model(self.number, turn_request(run, self.number), pause)
@@ -138,7 +136,7 @@ class Turn(Step[TurnOutcome]):
                 yield event
             if not isinstance(decided, Paused):
                 break
-            run.inbox.pause(decided.reason)
+            run.pause(decided.reason)
             pause = False
             async for event in checkpoint(run):
                 yield event
@@ -164,8 +162,6 @@ class Turn(Step[TurnOutcome]):
         assert self.call is not None
         spent = run.record.model_ended(self.number, run.response.usage, by_hook=self.call.answered)
         self.calls = [i.function_call for i in produced if i.WhichOneof("kind") == "function_call"]
-        if run.hooks is None:
-            return []
         run.hooks.after_model(self.number, produced, spent)
         return run.hooks.events(run.emitter)
 
@@ -219,14 +215,13 @@ class Turn(Step[TurnOutcome]):
             yield self.completed()
             self.end(plan)
             return
-        if run.durable is not None:
-            # The calls are about to run: a replica that resumes the run knows they may have.
-            await run.durable.save(run)
+        # The calls are about to run: a replica that resumes the run knows they may have.
+        await run.save_checkpoint()
         round_ = ToolRound(run, plan)
         async for event in round_.events():
             yield event
         # Tool results can be expensive to redo: a crash from here on keeps them.
-        await self.settings.save(run)
+        await run.wait_for(self.settings.save(run))
         yield self.completed()
         self.end(round_.result or RunAgain())
 
@@ -235,9 +230,9 @@ def _answered(run: Run, screened: Completed | Incomplete) -> TurnOutcome:
     """The model answered: the response ends — unless a steering message came during the answer
     (answered next) or a follow-up waits (a new round)."""
     if isinstance(screened, Completed):
-        if run.inbox.steer:
+        if run.steered:
             return RunAgain()
-        if run.inbox.follow_ups:
+        if run.follow_up_waiting:
             return NextRound()
     return screened
 

@@ -303,7 +303,7 @@ class Front:
         self._open(call.method)
         return await self.responses.cancel(response_id, call.owner)
 
-    async def control(self, call: Call, response_id: str, control: pb.Control) -> pb.Response:
+    async def control(self, call: Call, response_id: str, control: pb.Control) -> pb.ControlAccepted:
         self._open(call.method)
         return await self.responses.control(response_id, control, call.owner)
 

@@ -23,7 +23,7 @@ from antwort_grpc.front.batching import batches
 from antwort_grpc.front.call import Call, Encoded, Sink
 from antwort_grpc.front.creates import follow
 from antwort_grpc.front.stalls import Guard
-from antwort_grpc.responses.controls import validate_control
+from antwort_grpc.responses.controls import check_control
 
 if TYPE_CHECKING:
     from antwort_grpc.front import Front
@@ -279,10 +279,8 @@ class Session:
         return False
 
     async def _control(self, control: pb.Control) -> None:
-        violations = validate_control(control)
         try:
-            if violations:
-                raise invalid_argument(violations)
+            check_control(control, self.responses.limits.max_control_items)
             if self.run is None and self.early is not None:
                 self.early.append(control)
                 return

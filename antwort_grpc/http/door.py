@@ -26,7 +26,7 @@ from antwort_grpc.http.compaction import compacted_json, compaction_request
 from antwort_grpc.http.controls import ROUTED
 from antwort_grpc.http.errors import error_json, http_status, plain_error
 from antwort_grpc.http.jsonread import bad, integer, obj, one_of
-from antwort_grpc.http.mapping import create_request, input_items_json, response_json
+from antwort_grpc.http.mapping import accepted_json, create_request, input_items_json, response_json
 from antwort_grpc.http.sinks import EventWriter
 from antwort_grpc.startup_errors import StartupError
 
@@ -244,8 +244,8 @@ class HttpDoor:
         name = request.path.rsplit("/", 1)[1]
         body = obj(_json(await self._body(request)) if request.can_read_body else {}, "body")
         control = ROUTED[name](body)
-        response = await self.front.control(_call(request, "ControlResponse"), request.match_info["id"], control)
-        return web.json_response(response_json(response), dumps=_dumps)
+        accepted = await self.front.control(_call(request, "ControlResponse"), request.match_info["id"], control)
+        return web.json_response(accepted_json(accepted), dumps=_dumps)
 
     async def _body(self, request: web.Request) -> bytes:
         """The request's body, read within the idle timeout (a client that dribbles it is cut)."""

@@ -25,6 +25,8 @@ STATUS = {
     C.UNAVAILABLE: 503,
     C.DEADLINE_EXCEEDED: 504,
 }
+# Refusals a retry cannot fix: the thing sent is too large, however long the client waits.
+TOO_LARGE = frozenset({"control_too_large", "response_too_large"})
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
 
 # Protobuf field paths of the core's violations, and the JSON parameter each names.
@@ -53,6 +55,8 @@ def param_of(field: str) -> str:
 
 
 def http_status(error: RequestError) -> int:
+    if error.code == C.RESOURCE_EXHAUSTED and error.reason in TOO_LARGE:
+        return 413
     return STATUS.get(error.code, 500)
 
 

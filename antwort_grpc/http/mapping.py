@@ -566,6 +566,17 @@ def usage_json(usage: pb.Usage) -> JSON:
     }
 
 
+def accepted_json(accepted: pb.ControlAccepted) -> JSON:
+    """A control's acknowledgement (our extension, docs/http.md): the response's id and status, and
+    the sequence number of its last event when the control was accepted."""
+    return {
+        "id": accepted.response_id,
+        "object": "response.control",
+        "status": STATUS_NAMES.get(accepted.status, "in_progress"),
+        "sequence_number": accepted.sequence_number,
+    }
+
+
 def _ending_json(response: pb.Response) -> JSON:
     """How a response ended, as the spec's fields (all null while it runs)."""
     finished = response.HasField("completed_at") and response.status not in (

@@ -9,7 +9,7 @@ from antwort_grpc.pb.hook_service_pb2 import GetHookInfoRequest, GetHookInfoResp
 from antwort_grpc.pb.hook_service_pb2_grpc import HookServiceStub, HookServiceServicer, add_HookServiceServicer_to_server, HookService
 from antwort_grpc.pb.item_pb2 import ItemStatus, Role, ImageDetail, Item, Message, ContentPart, InputText, OutputText, Refusal, InputImage, FunctionCall, FunctionCallOutput, Reasoning, ApprovalRequest, ApprovalResponse
 from antwort_grpc.pb.response_pb2 import ResponseStatus, Truncation, Usage, ResponseError, IncompleteDetails, Response, RunMetrics, ToolMetrics, TurnMetrics
-from antwort_grpc.pb.responses_service_pb2 import ToolFailureMode, ListOrder, CreateResponseRequest, DeltaCoalescing, ExecutionLimits, ItemList, CreateResponseResponse, GetResponseRequest, GetResponseResponse, DeleteResponseRequest, DeleteResponseResponse, CancelResponseRequest, CancelResponseResponse, ListInputItemsRequest, ListInputItemsResponse, ConverseRequest, ConverseResponse, AttachResponseRequest, AttachResponseResponse, ControlResponseRequest, ControlResponseResponse, CompactConversationRequest, CompactConversationResponse
+from antwort_grpc.pb.responses_service_pb2 import ToolFailureMode, ListOrder, CreateResponseRequest, DeltaCoalescing, ExecutionLimits, ItemList, CreateResponseResponse, GetResponseRequest, GetResponseResponse, DeleteResponseRequest, DeleteResponseResponse, CancelResponseRequest, CancelResponseResponse, ListInputItemsRequest, ListInputItemsResponse, ConverseRequest, ConverseResponse, AttachResponseRequest, AttachResponseResponse, ControlResponseRequest, ControlResponseResponse, ControlAccepted, CompactConversationRequest, CompactConversationResponse
 from antwort_grpc.pb.responses_service_pb2_grpc import ResponsesServiceStub, ResponsesServiceServicer, add_ResponsesServiceServicer_to_server, ResponsesService
 from antwort_grpc.pb.tool_executor_service_pb2 import ToolKind, GetExecutorInfoRequest, GetExecutorInfoResponse, ExecutorTool, CanExecuteRequest, CanExecuteResponse, ExecuteRequest, ExecuteResponse, ToolProgress
 from antwort_grpc.pb.tool_executor_service_pb2_grpc import ToolExecutorServiceStub, ToolExecutorServiceServicer, add_ToolExecutorServiceServicer_to_server, ToolExecutorService
@@ -137,6 +137,7 @@ __all__ = [
     "AttachResponseResponse",
     "ControlResponseRequest",
     "ControlResponseResponse",
+    "ControlAccepted",
     "CompactConversationRequest",
     "CompactConversationResponse",
     "ResponsesServiceStub",

@@ -92,7 +92,7 @@ class Runner:
         # the log) or when it stops here another way.
         self._holds: list[Callable[[], None]] = []
         self._let_go = False
-        run.durable = self
+        run.make_durable(self)
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._drive(), name=f"background {self.response_id}")

@@ -26,6 +26,8 @@ class Limits:
     # What it costs grows with its bytes: four at 8 MiB at once keep health checks answered
     # within about 100 ms on two cores, at 32 MiB (the gRPC message limit) not (docs/limits.md).
     max_request_bytes: int = 8 * 1024 * 1024
+    # Items one steer or follow-up may carry (counted before any is looked at).
+    max_control_items: int = 64
 
 
 DEFAULT_LIMITS = Limits()

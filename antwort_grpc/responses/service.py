@@ -21,7 +21,7 @@ from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument, 
 from antwort_grpc.hooks.service import Caller
 from antwort_grpc.providers.base import Capabilities
 from antwort_grpc.responses.admission import hook_run
-from antwort_grpc.responses.controls import validate_control
+from antwort_grpc.responses.controls import check_control
 from antwort_grpc.responses.request_limits import DEFAULT_LIMITS, Limits
 from antwort_grpc.responses.servable import check_servable
 from antwort_grpc.responses.validation import check_create, check_id, validate_create, validate_policy
@@ -155,18 +155,18 @@ class Responses:
             raise _unreachable(response_id, "cancel_unreachable")
         raise _ended(response_id, status)
 
-    async def control(self, response_id: str, control: pb.Control, owner: str = "") -> pb.Response:
-        """Deliver a control to a response in progress, here or on another replica."""
+    async def control(self, response_id: str, control: pb.Control, owner: str = "") -> pb.ControlAccepted:
+        """Deliver a control to a response in progress, here or on another replica; a small
+        acknowledgement (never the whole response: a control must not cost a read of it)."""
         _require_id(response_id)
-        violations = validate_control(control)
-        if violations:
-            raise invalid_argument(violations)
-        if control.WhichOneof("control") == "cancel":
-            return await self.cancel(response_id, owner)
+        check_control(control, self.limits.max_control_items)
         run = self.engine.runs.get(response_id, owner)
+        if control.WhichOneof("control") == "cancel":
+            response = await self.cancel(response_id, owner)
+            return run.acknowledge() if run is not None else accepted(response)
         if run is not None:
             run.send(control)
-            return run.response
+            return run.acknowledge()
         record = await self._stored(response_id, owner)
         status = record.response.status
         if status not in RUNNING:
@@ -178,7 +178,8 @@ class Responses:
             raise _unreachable(response_id)
         if rejected.code:
             raise rejected_error(rejected)
-        return (await self._stored(response_id, owner)).response
+        # Accepted there, so it still ran: its status as stored (the sequence number is not known here).
+        return accepted(record.response)
 
     def deliver(self, response_id: str, control: pb.Control) -> pb.ControlRejected:
         """A control that came through the store from another replica (the owner was checked
@@ -211,6 +212,10 @@ class Responses:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, longest)
         return record
+
+
+def accepted(response: pb.Response) -> pb.ControlAccepted:
+    return pb.ControlAccepted(response_id=response.id, status=response.status)
 
 
 def rejection(err: RequestError) -> pb.ControlRejected:

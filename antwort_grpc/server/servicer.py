@@ -61,7 +61,10 @@ class ResponsesServicer(pb.ResponsesServiceServicer):
 
     async def ControlResponse(self, request: pb.ControlResponseRequest, context: Context) -> pb.ControlResponseResponse:
         control = self.front.control(call_of("ControlResponse", context), request.response_id, request.control)
-        return pb.ControlResponseResponse(response=await answered(context, control))
+        accepted = await answered(context, control)
+        # `response` as clients built before `accepted` read it: its id and status only.
+        response = pb.Response(id=accepted.response_id, status=accepted.status)
+        return pb.ControlResponseResponse(response=response, accepted=accepted)
 
     async def GetResponse(self, request: pb.GetResponseRequest, context: Context) -> pb.GetResponseResponse:
         got = self.front.get(call_of("GetResponse", context), request.response_id)
