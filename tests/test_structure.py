@@ -195,3 +195,154 @@ def test_no_door_builds_or_closes_the_core() -> None:
                 if call in path.read_text():
                     found.append(f"{path.relative_to(ROOT.parent)}: {call}")
     assert found == []
+
+
+# -- the run owns its state ---------------------------------------------------------------------------
+
+RUN_MODULE = "antwort_grpc.engine.run"
+INBOX_MODULE = "antwort_grpc.engine.inbox"
+# In-place changes of a container or a message, as good as an assignment.
+MUTATORS = frozenset(
+    {"append", "extend", "insert", "remove", "pop", "popleft", "clear", "update", "setdefault", "add", "discard"}
+    | {"CopyFrom", "MergeFrom", "Clear", "ClearField"}
+)
+
+
+def _annotated_run(annotation: ast.expr | None) -> bool:
+    """`Run`, `"Run"`, `Run | None` and the like."""
+    if annotation is None:
+        return False
+    return any(
+        (isinstance(n, ast.Name) and n.id == "Run") or (isinstance(n, ast.Constant) and n.value == "Run")
+        for n in ast.walk(annotation)
+    )
+
+
+def _run_names(tree: ast.AST) -> set[str]:
+    """The names a module gives Runs: `run`, and every parameter or variable annotated as one."""
+    names = {"run"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and _annotated_run(node.annotation):
+            names.add(node.arg)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and _annotated_run(node.annotation):
+            names.add(node.target.id)
+    return names
+
+
+def _is_run(node: ast.expr, names: set[str]) -> bool:
+    """A Run, by its name: `run`, `self.run`, a name annotated as a Run."""
+    if isinstance(node, ast.Name):
+        return node.id in names
+    return isinstance(node, ast.Attribute) and node.attr in names
+
+
+def _inside_a_run(target: ast.expr, names: set[str]) -> bool:
+    """Whether `target` is an attribute or item of a Run (at any depth): `run.x`, `self.run.x.y[0]`."""
+    node = target
+    while isinstance(node, ast.Attribute | ast.Subscript):
+        node = node.value
+        if _is_run(node, names):
+            return True
+    return False
+
+
+def _targets(node: ast.AST) -> list[ast.expr]:
+    if isinstance(node, ast.Assign):
+        found: list[ast.expr] = []
+        for target in node.targets:
+            found += list(target.elts) if isinstance(target, ast.Tuple | ast.List) else [target]
+        return found
+    if isinstance(node, ast.AugAssign | ast.AnnAssign):
+        return [node.target]
+    if isinstance(node, ast.Delete):
+        return list(node.targets)
+    return []
+
+
+def _private(attribute: str) -> bool:
+    return attribute.startswith("_") or attribute == "inbox"
+
+
+def run_state_writes(source: str, where: str) -> list[str]:
+    """Where `source` writes a Run's state: assigns (or deletes) an attribute or item of a Run,
+    changes one of its containers or messages in place, reads a private attribute of a Run, or
+    reaches its inbox."""
+    tree = ast.parse(source)
+    names = _run_names(tree)
+    found: list[str] = []
+    for node in ast.walk(tree):
+        for target in _targets(node):
+            if _inside_a_run(target, names):
+                found.append(f"{where}:{node.lineno} assigns {ast.unparse(target)}")
+        func = node.func if isinstance(node, ast.Call) else None
+        if isinstance(func, ast.Attribute) and func.attr in MUTATORS and _inside_a_run(func.value, names):
+            found.append(f"{where}:{node.lineno} changes {ast.unparse(func)}")
+        if isinstance(node, ast.Attribute) and _private(node.attr) and _is_run(node.value, names):
+            found.append(f"{where}:{node.lineno} reaches {ast.unparse(node)}")
+        if isinstance(node, ast.ImportFrom) and node.module == INBOX_MODULE:
+            found.append(f"{where}:{node.lineno} imports the inbox")
+    return found
+
+
+def test_nothing_outside_the_run_writes_its_state() -> None:
+    """docs/engine.md, "The run owns its state": only engine/run.py (and the inbox it holds) write
+    a Run's fields and its inbox; everything else calls the run's verbs."""
+    found = []
+    for name, path in modules():
+        if name in (RUN_MODULE, INBOX_MODULE):
+            continue
+        source = path.read_text()
+        if RUN_MODULE in imports_of(path, name) or INBOX_MODULE in imports_of(path, name):
+            found += run_state_writes(source, str(path.relative_to(ROOT.parent)))
+    assert not found, found
+
+
+def test_the_check_finds_writes_of_a_runs_state() -> None:
+    source = """
+from antwort_grpc.engine.inbox import Inbox
+from antwort_grpc.engine.run import Run
+
+class Step:
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def go(self, other: Run | None) -> None:
+        self.run.deadline = 1.0
+        other.recovery, x = [], 2
+        self.run.inbox.awaiting[call_id] = request
+        run.response.usage.output_tokens += 3
+        run.context.append(item)
+        run._inbox.stop("x")
+        del run.durable
+"""
+    found = run_state_writes(source, "sample.py")
+    described = "\n".join(found)
+    for expected in (
+        "imports the inbox",
+        "assigns self.run.deadline",
+        "assigns other.recovery",
+        "assigns self.run.inbox.awaiting[call_id]",
+        "assigns run.response.usage.output_tokens",
+        "changes run.context.append",
+        "reaches run._inbox",
+        "assigns run.durable",
+        "reaches self.run.inbox",
+    ):
+        assert expected in described, (expected, described)
+    assert "self.run = run" not in described, "a step keeping its run writes its own field"
+
+
+def test_the_engine_never_asks_whether_hooks_are_configured() -> None:
+    """Every run has a hook gate (a no-op one without hooks): the loop asks it at each point."""
+    found = []
+    for path in sorted((ROOT / "engine").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(isinstance(op, ast.Is | ast.IsNot) for op in node.ops):
+                named = [
+                    n.id if isinstance(n, ast.Name) else n.attr
+                    for n in (node.left, *node.comparators)
+                    if isinstance(n, ast.Name | ast.Attribute)
+                ]
+                if "hooks" in named:
+                    found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} {ast.unparse(node)}")
+    assert not found, found
