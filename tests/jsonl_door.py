@@ -134,7 +134,7 @@ class JsonLinesDoor:
             return pb.CancelResponseResponse(response=await front.cancel(call, cancel.response_id))
         elif method == "ControlResponse":
             control = _decode(raw, pb.ControlResponseRequest)
-            return pb.ControlResponseResponse(response=await front.control(call, control.response_id, control.control))
+            return pb.ControlResponseResponse(accepted=await front.control(call, control.response_id, control.control))
         else:
             raise invalid_argument([FieldViolation("method", f"unknown method {method!r}")])
         return None
