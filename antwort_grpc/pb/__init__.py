@@ -2,14 +2,14 @@
 """The antwort.v1 protobuf messages, enums and gRPC stubs."""
 
 # ruff: noqa: F401, E501
-from antwort_grpc.pb.control_pb2 import Control, SteerControl, FollowUpControl, PauseControl, ResumeControl, CancelControl, ControlRejected, FieldViolation
+from antwort_grpc.pb.control_pb2 import Control, SteerControl, FollowUpControl, PauseControl, ResumeControl, CancelControl, ControlRejected, ControlAccepted, FieldViolation
 from antwort_grpc.pb.event_pb2 import TurnDecision, InputKind, StreamEvent, ResponseCreatedEvent, ResponseInProgressEvent, OutputItemAddedEvent, OutputItemDoneEvent, ContentPartAddedEvent, ContentPartDoneEvent, OutputTextDeltaEvent, OutputTextDoneEvent, RefusalDeltaEvent, RefusalDoneEvent, FunctionCallArgumentsDeltaEvent, FunctionCallArgumentsDoneEvent, ReasoningTextDeltaEvent, ReasoningTextDoneEvent, ResponseCompletedEvent, ResponseRequiresActionEvent, ResponseIncompleteEvent, ResponseFailedEvent, ResponseCancelledEvent, ToolExecutionInProgressEvent, ToolExecutionProgressEvent, ToolExecutionCompletedEvent, ToolExecutionFailedEvent, HookFailedEvent, TurnStartedEvent, TurnDecidedEvent, ApprovalRequestedEvent, PausedEvent, ResumedEvent, InputInjectedEvent, TurnCompletedEvent, ResponseRecoveredEvent
 from antwort_grpc.pb.hook_pb2 import HookPoint
 from antwort_grpc.pb.hook_service_pb2 import GetHookInfoRequest, GetHookInfoResponse, SessionRequest, HookCaller, HookCall, SessionResponse, HookAnswer, HookContext, BeforeResponseRequest, BeforeResponseResponse, AfterResponseRequest, AfterResponseResponse, ModelCall, BeforeModelRequest, BeforeModelResponse, ModelCallChange, OfferedTools, ModelAnswer, AfterModelRequest, AfterModelResponse, BeforeToolRequest, BeforeToolResponse, AfterToolRequest, AfterToolResponse, ApproveToolRequest, ApproveToolResponse, PauseCheckRequest, PauseCheckResponse
 from antwort_grpc.pb.hook_service_pb2_grpc import HookServiceStub, HookServiceServicer, add_HookServiceServicer_to_server, HookService
 from antwort_grpc.pb.item_pb2 import ItemStatus, Role, ImageDetail, Item, Message, ContentPart, InputText, OutputText, Refusal, InputImage, FunctionCall, FunctionCallOutput, Reasoning, ApprovalRequest, ApprovalResponse
 from antwort_grpc.pb.response_pb2 import ResponseStatus, Truncation, Usage, ResponseError, IncompleteDetails, Response, RunMetrics, ToolMetrics, TurnMetrics
-from antwort_grpc.pb.responses_service_pb2 import ToolFailureMode, ListOrder, CreateResponseRequest, DeltaCoalescing, ExecutionLimits, ItemList, CreateResponseResponse, GetResponseRequest, GetResponseResponse, DeleteResponseRequest, DeleteResponseResponse, CancelResponseRequest, CancelResponseResponse, ListInputItemsRequest, ListInputItemsResponse, ConverseRequest, ConverseResponse, AttachResponseRequest, AttachResponseResponse, ControlResponseRequest, ControlResponseResponse, ControlAccepted, CompactConversationRequest, CompactConversationResponse
+from antwort_grpc.pb.responses_service_pb2 import ToolFailureMode, ListOrder, CreateResponseRequest, DeltaCoalescing, ExecutionLimits, ItemList, CreateResponseResponse, GetResponseRequest, GetResponseResponse, DeleteResponseRequest, DeleteResponseResponse, CancelResponseRequest, CancelResponseResponse, ListInputItemsRequest, ListInputItemsResponse, ConverseRequest, ConverseResponse, AttachResponseRequest, AttachResponseResponse, ControlResponseRequest, ControlResponseResponse, CompactConversationRequest, CompactConversationResponse
 from antwort_grpc.pb.responses_service_pb2_grpc import ResponsesServiceStub, ResponsesServiceServicer, add_ResponsesServiceServicer_to_server, ResponsesService
 from antwort_grpc.pb.tool_executor_service_pb2 import ToolKind, GetExecutorInfoRequest, GetExecutorInfoResponse, ExecutorTool, CanExecuteRequest, CanExecuteResponse, ExecuteRequest, ExecuteResponse, ToolProgress
 from antwort_grpc.pb.tool_executor_service_pb2_grpc import ToolExecutorServiceStub, ToolExecutorServiceServicer, add_ToolExecutorServiceServicer_to_server, ToolExecutorService
@@ -23,6 +23,7 @@ __all__ = [
     "ResumeControl",
     "CancelControl",
     "ControlRejected",
+    "ControlAccepted",
     "FieldViolation",
     "TurnDecision",
     "InputKind",
@@ -137,7 +138,6 @@ __all__ = [
     "AttachResponseResponse",
     "ControlResponseRequest",
     "ControlResponseResponse",
-    "ControlAccepted",
     "CompactConversationRequest",
     "CompactConversationResponse",
     "ResponsesServiceStub",

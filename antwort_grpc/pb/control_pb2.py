@@ -24,9 +24,10 @@ _sym_db = _symbol_database.Default()
 
 
 from antwort_grpc.pb import item_pb2 as antwort_dot_v1_dot_item__pb2
+from antwort_grpc.pb import response_pb2 as antwort_dot_v1_dot_response__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61ntwort/v1/control.proto\x12\nantwort.v1\x1a\x15\x61ntwort/v1/item.proto\"\xa8\x02\n\x07\x43ontrol\x12)\n\x05steer\x18\x01 \x01(\x0b\x32\x18.antwort.v1.SteerControlH\x00\x12\x30\n\tfollow_up\x18\x02 \x01(\x0b\x32\x1b.antwort.v1.FollowUpControlH\x00\x12\x30\n\x08\x61pproval\x18\x03 \x01(\x0b\x32\x1c.antwort.v1.ApprovalResponseH\x00\x12)\n\x05pause\x18\x04 \x01(\x0b\x32\x18.antwort.v1.PauseControlH\x00\x12+\n\x06resume\x18\x05 \x01(\x0b\x32\x19.antwort.v1.ResumeControlH\x00\x12+\n\x06\x63\x61ncel\x18\x06 \x01(\x0b\x32\x19.antwort.v1.CancelControlH\x00\x42\t\n\x07\x63ontrol\"/\n\x0cSteerControl\x12\x1f\n\x05items\x18\x01 \x03(\x0b\x32\x10.antwort.v1.Item\"2\n\x0f\x46ollowUpControl\x12\x1f\n\x05items\x18\x01 \x03(\x0b\x32\x10.antwort.v1.Item\"\x1e\n\x0cPauseControl\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x0f\n\rResumeControl\"\x0f\n\rCancelControl\"v\n\x0f\x43ontrolRejected\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x34\n\x10\x66ield_violations\x18\x04 \x03(\x0b\x32\x1a.antwort.v1.FieldViolation\"4\n\x0e\x46ieldViolation\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\tBh\n\x14io.github.antwort.v1B\x0c\x43ontrolProtoP\x01Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61ntwort/v1/control.proto\x12\nantwort.v1\x1a\x15\x61ntwort/v1/item.proto\x1a\x19\x61ntwort/v1/response.proto\"\xa8\x02\n\x07\x43ontrol\x12)\n\x05steer\x18\x01 \x01(\x0b\x32\x18.antwort.v1.SteerControlH\x00\x12\x30\n\tfollow_up\x18\x02 \x01(\x0b\x32\x1b.antwort.v1.FollowUpControlH\x00\x12\x30\n\x08\x61pproval\x18\x03 \x01(\x0b\x32\x1c.antwort.v1.ApprovalResponseH\x00\x12)\n\x05pause\x18\x04 \x01(\x0b\x32\x18.antwort.v1.PauseControlH\x00\x12+\n\x06resume\x18\x05 \x01(\x0b\x32\x19.antwort.v1.ResumeControlH\x00\x12+\n\x06\x63\x61ncel\x18\x06 \x01(\x0b\x32\x19.antwort.v1.CancelControlH\x00\x42\t\n\x07\x63ontrol\"/\n\x0cSteerControl\x12\x1f\n\x05items\x18\x01 \x03(\x0b\x32\x10.antwort.v1.Item\"2\n\x0f\x46ollowUpControl\x12\x1f\n\x05items\x18\x01 \x03(\x0b\x32\x10.antwort.v1.Item\"\x1e\n\x0cPauseControl\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x0f\n\rResumeControl\"\x0f\n\rCancelControl\"\xa5\x01\n\x0f\x43ontrolRejected\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x34\n\x10\x66ield_violations\x18\x04 \x03(\x0b\x32\x1a.antwort.v1.FieldViolation\x12-\n\x08\x61\x63\x63\x65pted\x18\x05 \x01(\x0b\x32\x1b.antwort.v1.ControlAccepted\"k\n\x0f\x43ontrolAccepted\x12\x13\n\x0bresponse_id\x18\x01 \x01(\t\x12*\n\x06status\x18\x02 \x01(\x0e\x32\x1a.antwort.v1.ResponseStatus\x12\x17\n\x0fsequence_number\x18\x03 \x01(\x05\"4\n\x0e\x46ieldViolation\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\tBh\n\x14io.github.antwort.v1B\x0c\x43ontrolProtoP\x01Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,20 +35,22 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'antwort.v1.control_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\024io.github.antwort.v1B\014ControlProtoP\001Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1'
-  _globals['_CONTROL']._serialized_start=64
-  _globals['_CONTROL']._serialized_end=360
-  _globals['_STEERCONTROL']._serialized_start=362
-  _globals['_STEERCONTROL']._serialized_end=409
-  _globals['_FOLLOWUPCONTROL']._serialized_start=411
-  _globals['_FOLLOWUPCONTROL']._serialized_end=461
-  _globals['_PAUSECONTROL']._serialized_start=463
-  _globals['_PAUSECONTROL']._serialized_end=493
-  _globals['_RESUMECONTROL']._serialized_start=495
-  _globals['_RESUMECONTROL']._serialized_end=510
-  _globals['_CANCELCONTROL']._serialized_start=512
-  _globals['_CANCELCONTROL']._serialized_end=527
-  _globals['_CONTROLREJECTED']._serialized_start=529
-  _globals['_CONTROLREJECTED']._serialized_end=647
-  _globals['_FIELDVIOLATION']._serialized_start=649
-  _globals['_FIELDVIOLATION']._serialized_end=701
+  _globals['_CONTROL']._serialized_start=91
+  _globals['_CONTROL']._serialized_end=387
+  _globals['_STEERCONTROL']._serialized_start=389
+  _globals['_STEERCONTROL']._serialized_end=436
+  _globals['_FOLLOWUPCONTROL']._serialized_start=438
+  _globals['_FOLLOWUPCONTROL']._serialized_end=488
+  _globals['_PAUSECONTROL']._serialized_start=490
+  _globals['_PAUSECONTROL']._serialized_end=520
+  _globals['_RESUMECONTROL']._serialized_start=522
+  _globals['_RESUMECONTROL']._serialized_end=537
+  _globals['_CANCELCONTROL']._serialized_start=539
+  _globals['_CANCELCONTROL']._serialized_end=554
+  _globals['_CONTROLREJECTED']._serialized_start=557
+  _globals['_CONTROLREJECTED']._serialized_end=722
+  _globals['_CONTROLACCEPTED']._serialized_start=724
+  _globals['_CONTROLACCEPTED']._serialized_end=831
+  _globals['_FIELDVIOLATION']._serialized_start=833
+  _globals['_FIELDVIOLATION']._serialized_end=885
 # @@protoc_insertion_point(module_scope)

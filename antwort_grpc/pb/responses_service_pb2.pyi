@@ -243,18 +243,8 @@ class ControlResponseResponse(_message.Message):
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     response: _response_pb2.Response
-    accepted: ControlAccepted
-    def __init__(self, response: _Optional[_Union[_response_pb2.Response, _Mapping]] = ..., accepted: _Optional[_Union[ControlAccepted, _Mapping]] = ...) -> None: ...
-
-class ControlAccepted(_message.Message):
-    __slots__ = ("response_id", "status", "sequence_number")
-    RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
-    STATUS_FIELD_NUMBER: _ClassVar[int]
-    SEQUENCE_NUMBER_FIELD_NUMBER: _ClassVar[int]
-    response_id: str
-    status: _response_pb2.ResponseStatus
-    sequence_number: int
-    def __init__(self, response_id: _Optional[str] = ..., status: _Optional[_Union[_response_pb2.ResponseStatus, str]] = ..., sequence_number: _Optional[int] = ...) -> None: ...
+    accepted: _control_pb2.ControlAccepted
+    def __init__(self, response: _Optional[_Union[_response_pb2.Response, _Mapping]] = ..., accepted: _Optional[_Union[_control_pb2.ControlAccepted, _Mapping]] = ...) -> None: ...
 
 class CompactConversationRequest(_message.Message):
     __slots__ = ("model", "input_text", "input_items", "previous_response_id", "instructions")

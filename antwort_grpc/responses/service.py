@@ -178,7 +178,9 @@ class Responses:
             raise _unreachable(response_id)
         if rejected.code:
             raise rejected_error(rejected)
-        # Accepted there, so it still ran: its status as stored (the sequence number is not known here).
+        if rejected.HasField("accepted"):
+            return rejected.accepted
+        # A replica of an earlier version accepted it (and so it still ran): its status as stored.
         return accepted(record.response)
 
     def deliver(self, response_id: str, control: pb.Control) -> pb.ControlRejected:
@@ -191,7 +193,7 @@ class Responses:
             run.send(control)
         except RequestError as err:
             return rejection(err)
-        return pb.ControlRejected()
+        return pb.ControlRejected(accepted=run.acknowledge())
 
     async def _stored(self, response_id: str, owner: str) -> StoredResponse:
         record = await self.store.get(response_id, owner)

@@ -102,6 +102,9 @@ async def test_a_steer_sent_to_replica_b_reaches_a_stream_running_on_replica_a(r
         pb.ControlResponseRequest(response_id=stream.response_id, control=steer)
     )
     assert reply.response.id == stream.response_id
+    # Acknowledged by the replica that runs it: where in its stream the steer came.
+    assert reply.accepted.response_id == stream.response_id
+    assert reply.accepted.status == S.RESPONSE_STATUS_IN_PROGRESS and reply.accepted.sequence_number >= 3
     replicas.fake.release()
     events = await stream.finished()
     assert_valid_stream(events)
