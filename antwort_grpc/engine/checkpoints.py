@@ -12,11 +12,6 @@ from antwort_grpc.engine.run import Run
 STEER: int = pb.InputKind.INPUT_KIND_STEER
 
 
-def needs_checkpoint(run: Run) -> bool:
-    """Whether a check point has anything to do (a stop, a pause or steering messages came)."""
-    return run.attention or run.pause_reason is not None
-
-
 async def checkpoint(run: Run, *, inject: bool = True) -> AsyncIterator[pb.StreamEvent]:
     """A stop ends the run here; a pause waits here for resume; steering messages join here
     (at a turn boundary)."""

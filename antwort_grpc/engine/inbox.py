@@ -27,52 +27,6 @@ from antwort_grpc.engine.channel import Channel
 from antwort_grpc.errors import FieldViolation, RequestError
 
 
-class _Queue:
-    """Steering messages or follow-ups waiting for the run, with their bytes."""
-
-    __slots__ = ("bytes", "entries", "kind", "max_bytes", "max_count")
-
-    def __init__(self, kind: str, max_count: int, max_bytes: int) -> None:
-        self.kind = kind
-        self.max_count = max_count
-        self.max_bytes = max_bytes
-        self.entries: deque[tuple[list[pb.Item], int]] = deque()
-        self.bytes = 0
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def check(self, size: int) -> None:
-        """RESOURCE_EXHAUSTED when one more of `size` bytes does not fit."""
-        if size > self.max_bytes:
-            message = f"a {self.kind} of {size} bytes is more than the {self.max_bytes} bytes one may hold"
-            raise _exhausted(f"control.{self.kind}", message, "control_too_large")
-        if len(self.entries) >= self.max_count or self.bytes + size > self.max_bytes:
-            message = (
-                f"at most {self.max_count} {self.kind} controls of {self.max_bytes} bytes in all may wait for one "
-                f"response: send the next one after the ones queued are taken in"
-            )
-            raise _exhausted(f"control.{self.kind}", message, f"{self.kind}_queue_full")
-
-    def add(self, items: list[pb.Item], size: int) -> None:
-        self.entries.append((items, size))
-        self.bytes += size
-
-    def take(self) -> list[pb.Item]:
-        items, size = self.entries.popleft()
-        self.bytes -= size
-        return items
-
-    def take_all(self) -> list[pb.Item]:
-        taken = [item for items, _ in self.entries for item in items]
-        self.clear()
-        return taken
-
-    def clear(self) -> None:
-        self.entries.clear()
-        self.bytes = 0
-
-
 class Inbox:
     """What came for a run. The run reads and takes; `send` (any task) only records and rings."""
 
@@ -83,11 +37,13 @@ class Inbox:
         "awaiting",
         "controller",
         "decisions",
+        "follow_up_bytes",
         "follow_ups",
         "limits",
         "measure",
         "pause_reason",
         "paused",
+        "steer_bytes",
         "steers",
         "stop_reason",
     )
@@ -103,8 +59,12 @@ class Inbox:
         # Something for the run to look at on its next check (a stop or a steer): one flag, read
         # once per streamed delta.
         self.attention = False
-        self.steers = _Queue("steer", limits.max_steers, limits.max_steer_bytes)
-        self.follow_ups = _Queue("follow_up", limits.max_follow_ups, limits.max_follow_up_bytes)
+        # Steering messages and follow-ups waiting for the run (each control's items and bytes),
+        # and their bytes together.
+        self.steers: deque[tuple[list[pb.Item], int]] = deque()
+        self.steer_bytes = 0
+        self.follow_ups: deque[tuple[list[pb.Item], int]] = deque()
+        self.follow_up_bytes = 0
         self.pause_reason: str | None = None
         self.paused = False
         # Calls waiting for a client's approval (by call_id) and the decisions that came for them.
@@ -124,10 +84,10 @@ class Inbox:
         if which == "cancel":
             self.stop("cancelled")
         elif which == "steer":
-            self._queue(self.steers, control.steer.items, control.steer.ByteSize())
+            self.steer_bytes += self._queue("steer", control.steer.items, control.steer.ByteSize())
             self.attention = True
         elif which == "follow_up":
-            self._queue(self.follow_ups, control.follow_up.items, control.follow_up.ByteSize())
+            self.follow_up_bytes += self._queue("follow_up", control.follow_up.items, control.follow_up.ByteSize())
         elif which == "approval":
             self._decide(control.approval)
         elif which == "pause":
@@ -174,8 +134,15 @@ class Inbox:
             queue.ring()
 
     def take_steer(self) -> list[pb.Item]:
-        items = self.steers.take_all()
+        items = [item for entry, _ in self.steers for item in entry]
+        self.steers.clear()
+        self.steer_bytes = 0
         self.attention = bool(self.stop_reason)
+        return items
+
+    def take_follow_up(self) -> list[pb.Item]:
+        items, size = self.follow_ups.popleft()
+        self.follow_up_bytes -= size
         return items
 
     def await_approvals(self, requests: Sequence[pb.ApprovalRequest]) -> None:
@@ -191,18 +158,31 @@ class Inbox:
         """The run ended: what is still queued is dropped (nothing will read it)."""
         self.steers.clear()
         self.follow_ups.clear()
+        self.steer_bytes = self.follow_up_bytes = 0
         self.decisions, self.awaiting = {}, {}
         self._bell = None
 
-    def _queue(self, queue: _Queue, items: Sequence[pb.Item], size: int) -> None:
-        """Items a control adds, within the limits (checked before anything is copied)."""
-        kind = queue.kind
+    def _queue(self, kind: str, items: Sequence[pb.Item], size: int) -> int:
+        """Queue the items a control adds, within the limits (checked before anything is copied);
+        their bytes."""
         limits = self.limits
         if len(items) > limits.max_items:
             message = f"a {kind} may carry at most {limits.max_items} items, this one has {len(items)}"
             raise _exhausted(f"control.{kind}.items", message, "control_too_large")
-        queue.check(size)
-        held = self.measure() + self.steers.bytes + self.follow_ups.bytes
+        steer = kind == "steer"
+        queue, queued = (self.steers, self.steer_bytes) if steer else (self.follow_ups, self.follow_up_bytes)
+        max_count = limits.max_steers if steer else limits.max_follow_ups
+        max_bytes = limits.max_steer_bytes if steer else limits.max_follow_up_bytes
+        if size > max_bytes:
+            message = f"a {kind} of {size} bytes is more than the {max_bytes} bytes one may hold"
+            raise _exhausted(f"control.{kind}", message, "control_too_large")
+        if len(queue) >= max_count or queued + size > max_bytes:
+            message = (
+                f"at most {max_count} {kind} controls of {max_bytes} bytes in all may wait for one response: "
+                "send the next one after the ones queued are taken in"
+            )
+            raise _exhausted(f"control.{kind}", message, f"{kind}_queue_full")
+        held = self.measure() + self.steer_bytes + self.follow_up_bytes
         if held + size > limits.max_response_bytes:
             message = (
                 f"the response holds {held} bytes of input, output and queued controls; with this {kind} "
@@ -210,7 +190,8 @@ class Inbox:
                 "or continued with: start a new response that continues this one"
             )
             raise _exhausted(f"control.{kind}", message, "response_too_large")
-        queue.add([_copy(i) for i in items], size)
+        queue.append(([_copy(i) for i in items], size))
+        return size
 
     def _decide(self, approval: pb.ApprovalResponse) -> None:
         call_id = approval.call_id

@@ -25,7 +25,7 @@ from antwort_grpc.engine.checkpoints import inject_items
 from antwort_grpc.engine.durable import Resumed
 from antwort_grpc.engine.emitter import ResponseEmitter, echoed_tools
 from antwort_grpc.engine.history import HISTORY_MAX_BYTES, History, load_history
-from antwort_grpc.engine.hook_gate import gate
+from antwort_grpc.engine.hook_gate import HookPoints, gate
 from antwort_grpc.engine.model_call import call_model, turn_request
 from antwort_grpc.engine.outcomes import (
     Cancelled,
@@ -215,10 +215,10 @@ class Engine:
         first: one may make it one that can."""
         hooks = gate(self.config.hooks, hook_run)
         if not hooks.wants(Point.HOOK_POINT_BEFORE_RESPONSE):
-            return await self._prepare(request, owner, controller, hook_run, response_id)
+            return await self._prepare(request, owner, controller, hooks, response_id)
         run: Run | None = None
         with contextlib.suppress(RequestError):
-            run = await self._prepare(request, owner, controller, hook_run, response_id)
+            run = await self._prepare(request, owner, controller, hooks, response_id)
         try:
             if run is None:
                 admitted = await hooks.admit(request, problems, None)
@@ -230,7 +230,9 @@ class Engine:
             raise RequestError(grpc.StatusCode.UNAVAILABLE, str(failed), reason="hook_failed") from None
         if run is not None and admitted is request:
             return run
-        return await self._prepare(admitted, owner, controller, hook_run, run.response.id if run else response_id)
+        # Prepared again with a gate of its own: what was asked ahead was about the request before.
+        again = gate(self.config.hooks, hook_run)
+        return await self._prepare(admitted, owner, controller, again, run.response.id if run else response_id)
 
     def _first_call(self, run: Run) -> TurnRequest | None:
         """The first model call, when the response starts with one (not with calls to run) and
@@ -246,7 +248,7 @@ class Engine:
         request: pb.CreateResponseRequest,
         owner: str,
         controller: bool,
-        hook_run: HookRun | None = None,
+        hooks: HookPoints,
         response_id: str = "",
     ) -> Run:
         model = request.model or self.config.default_model
@@ -277,7 +279,7 @@ class Engine:
             limits=run_limits(request, limits),
             # Only truncation AUTO looks at the window.
             window=ContextWindow(limits.context if request.truncation == AUTO else UNLIMITED),
-            hooks=gate(self.config.hooks, hook_run),
+            hooks=hooks,
             controls=self.controls,
             # An engine without executors is single-shot: it runs nothing of an earlier response.
             continuation=resumed if self.config.executors else Continuation(),
@@ -377,8 +379,7 @@ class Engine:
     def _write_record(self, run: Run, response: pb.Response | None = None) -> None:
         """The run's metrics and how much the model did not see, into the response."""
         response = response or run.response
-        run.record.hooks(*run.hooks.totals())
-        run.record.write(response.metrics)
+        run.record.write(response.metrics, run.hooks.totals())
         response.omitted_items = run.window.omitted
 
     async def _save(self, run: Run, *, required: bool = False) -> None:

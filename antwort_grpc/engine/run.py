@@ -123,15 +123,18 @@ class Run:
         self._early: ModelCall | None = None
         # Calls superseded since the last injection (reported with it).
         self._superseded: list[str] = []
-        self._deadline: float | None = None
+        # The request's deadline in loop time (remote executors pass what remains of it on).
+        self.deadline: float | None = None
         self._timers: list[asyncio.TimerHandle] = []
         self._events: Callable[[Run], AsyncGenerator[pb.StreamEvent, None]] | None = None
+        # Read by anyone, written only by the run's verbs (time_limit, make_durable, restore,
+        # abandon): plain attributes, as they are read on every response.
         # A background run's checkpoints (None: the connection owns the run, nothing is kept).
-        self._durable: Durable | None = None
+        self.durable: Durable | None = None
         # A resumed run: the events it starts with instead of created and in_progress.
-        self._recovery: list[pb.StreamEvent] | None = None
+        self.recovery: list[pb.StreamEvent] | None = None
         # Handed to another replica (or its lease lost): it ends without a final status here.
-        self._abandoned = False
+        self.abandoned = False
         self.hooks.bind(response, self.wait_for)
 
     # -- what anyone may read ----------------------------------------------------------------------
@@ -157,23 +160,6 @@ class Run:
         return self._outcome
 
     @property
-    def deadline(self) -> float | None:
-        """The request's deadline in loop time (remote executors pass what remains of it on)."""
-        return self._deadline
-
-    @property
-    def durable(self) -> Durable | None:
-        return self._durable
-
-    @property
-    def recovery(self) -> list[pb.StreamEvent] | None:
-        return self._recovery
-
-    @property
-    def abandoned(self) -> bool:
-        return self._abandoned
-
-    @property
     def stop_reason(self) -> str:
         return self._inbox.stop_reason
 
@@ -185,6 +171,12 @@ class Run:
     def attention(self) -> bool:
         """A stop or a steering message came that the run has not acted on (read per delta)."""
         return self._inbox.attention
+
+    @property
+    def needs_checkpoint(self) -> bool:
+        """Whether a check point has anything to do (a stop, a pause or steering messages came)."""
+        inbox = self._inbox
+        return inbox.attention or inbox.pause_reason is not None
 
     @property
     def steered(self) -> bool:
@@ -228,13 +220,13 @@ class Run:
 
     def make_durable(self, durable: Durable) -> None:
         """A background run: checkpointed through `durable` (responses/background.py)."""
-        self._durable = durable
+        self.durable = durable
 
     def time_limit(self, timeout: float) -> None:
         """The request's deadline, `timeout` seconds from now: the run stops a little early, so
         that its failed event still reaches the client in time."""
-        self._deadline = asyncio.get_running_loop().time() + timeout
-        self.stop_at(self._deadline - min(0.5, timeout * 0.1), "deadline")
+        self.deadline = asyncio.get_running_loop().time() + timeout
+        self.stop_at(self.deadline - min(0.5, timeout * 0.1), "deadline")
 
     # -- controls (any task) -----------------------------------------------------------------------
 
@@ -272,11 +264,11 @@ class Run:
         as any response does)."""
         self._turn, self._round = turn, round_
         self.record.turns = turn
-        self._recovery = recovery
+        self.recovery = recovery
 
     def abandon(self) -> None:
         """Stop here without ending: another replica resumes the run from its checkpoint."""
-        self._abandoned = True
+        self.abandoned = True
 
     def next_turn(self) -> int:
         self._turn += 1
@@ -314,7 +306,7 @@ class Run:
 
     def take_follow_up(self) -> list[pb.Item]:
         """The oldest follow-up, to start a new round with."""
-        return self._inbox.follow_ups.take()
+        return self._inbox.take_follow_up()
 
     def pause(self, reason: str) -> None:
         """A pause asked for by a hook (a client's comes with `send`)."""
@@ -409,8 +401,8 @@ class Run:
     async def save_checkpoint(self) -> None:
         """A background run's checkpoint (its events so far are in its log first); nothing for a
         plain run."""
-        if self._durable is not None:
-            await self.wait_for(self._durable.save(self))
+        if self.durable is not None:
+            await self.wait_for(self.durable.save(self))
 
     # -- the end -----------------------------------------------------------------------------------
 

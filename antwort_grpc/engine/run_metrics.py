@@ -64,16 +64,14 @@ class RunRecorder:
         tool.longest = max(tool.longest, seconds)
         self.tool_seconds += seconds
 
-    def hooks(self, calls: int, failures: int, seconds: float) -> None:
-        """The hook totals so far (the hooks' own run keeps the running sums)."""
-        self.hook_calls, self.hook_failures, self.hook_seconds = calls, failures, seconds
-
     @property
     def tool_calls(self) -> int:
         return sum(t.calls for t in self.tools.values())
 
-    def write(self, metrics: pb.RunMetrics) -> None:
-        """Into `metrics`, replacing what it held."""
+    def write(self, metrics: pb.RunMetrics, hooks: tuple[int, int, float] = (0, 0, 0.0)) -> None:
+        """Into `metrics`, replacing what it held; `hooks`: the hook calls, failures and seconds
+        so far (the hooks' own run keeps the running sums)."""
+        self.hook_calls, self.hook_failures, self.hook_seconds = hooks
         metrics.Clear()
         metrics.turns = self.turns
         metrics.model_calls = self.model_calls

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from antwort_grpc import pb
 from antwort_grpc.engine import turn_rules
 from antwort_grpc.engine.budget import limit_reached, tool_calls_exceed
-from antwort_grpc.engine.checkpoints import checkpoint, needs_checkpoint
+from antwort_grpc.engine.checkpoints import checkpoint
 from antwort_grpc.engine.model_call import (
     add_completion,
     answered_by_hook,
@@ -73,8 +73,9 @@ class Turn(Step[TurnOutcome]):
         # Sub-steps that usually have nothing to say are entered only when they do: every async
         # generator costs a few microseconds to start, and this runs once per turn.
         run = self.run
-        await run.save_checkpoint()
-        if needs_checkpoint(run):
+        if run.durable is not None:  # a coroutine less per turn for a plain run
+            await run.save_checkpoint()
+        if run.needs_checkpoint:
             async for event in checkpoint(run):
                 yield event
         if not self._begin():
@@ -202,7 +203,7 @@ class Turn(Step[TurnOutcome]):
     async def _tools(self, screened: turn_rules.Screened) -> AsyncIterator[pb.StreamEvent]:
         """Before the calls start: pause, then approvals; then the calls run, or the client's."""
         run = self.run
-        if needs_checkpoint(run):
+        if run.needs_checkpoint:
             async for event in checkpoint(run, inject=False):
                 yield event
         gate = ToolGate(run, screened, self.settings.approval_timeout)
@@ -215,8 +216,9 @@ class Turn(Step[TurnOutcome]):
             yield self.completed()
             self.end(plan)
             return
-        # The calls are about to run: a replica that resumes the run knows they may have.
-        await run.save_checkpoint()
+        if run.durable is not None:
+            # The calls are about to run: a replica that resumes the run knows they may have.
+            await run.save_checkpoint()
         round_ = ToolRound(run, plan)
         async for event in round_.events():
             yield event
