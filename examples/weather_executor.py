@@ -14,7 +14,7 @@ from antwort_grpc import pb
 from antwort_grpc.executors.base import ProgressSink
 from antwort_grpc.tool_services.sdk import ExecutorService, function_tool, text_result
 
-FORECASTS = {"berlin": "12°C, rain", "lisbon": "21°C, sunny"}
+FORECASTS = {"berlin": "12°C, rain", "lisbon": "21°C, sunny", "paris": "17°C, cloudy"}
 
 
 class Weather(ExecutorService):

@@ -6,6 +6,8 @@ when it carries one; unmarked blocks there are illustrations):
 
     <!-- readme-test: gateway [SERVE ARGS] -->   run with `antwort-grpc serve [SERVE ARGS]` running
     <!-- readme-test: run until "A", "B" -->      run; it serves until every string was printed
+    <!-- readme-test: with the block above, shows "A", "B" -->  run while the block before it serves
+                                                 (a "run until" block); its output holds every string
     <!-- readme-test: proved by tests/interop … -->  the scripts it names are run by those tests
 
 Addresses are moved to free ports (the same README address always maps to the same port), and
@@ -182,7 +184,9 @@ def test_every_shell_block_says_how_it_is_tested() -> None:
     for block in readme_blocks():
         assert block.marker.startswith(("gateway", "run until ", "proved by ")), f"{block.id} has no readme-test marker"
     for block in all_blocks():
-        assert block.marker.startswith(("gateway", "run until ", "proved by ")), f"{block.id}: unknown marker"
+        assert block.marker.startswith(("gateway", "run until ", "proved by ", "with the block above")), (
+            f"{block.id}: unknown marker"
+        )
     run_in_docs = {b.file for b in all_blocks() if b.file.startswith("docs/")}
     assert run_in_docs >= MOVED_WALKTHROUGHS, f"no longer run: {sorted(MOVED_WALKTHROUGHS - run_in_docs)}"
 
@@ -232,20 +236,49 @@ def test_readme_block_runs_against_a_fresh_gateway(block: Block, ports: Ports, t
         assert re.search(r"(completed|incomplete) · resp_\w+ · smollm2-135m-instruct · ", output), output
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("block", blocks_marked("run until "), ids=lambda b: b.id)
-def test_readme_block_starts_its_services(block: Block, ports: Ports, tmp_path: Path) -> None:
+def start_services(block: Block, ports: Ports, data_dir: Path) -> Iterator[str]:
+    """A "run until" block, serving: what it printed until every string of its marker showed."""
     wanted = re.findall(r'"([^"]+)"', block.marker)
     process = subprocess.Popen(
         ["bash", "-e", "-c", ports.rewrite(block.body)],
-        cwd=ROOT, env={**environment(ports), "ANTWORT_DATA_DIR": str(tmp_path)},
+        cwd=ROOT, env={**environment(ports), "ANTWORT_DATA_DIR": str(data_dir)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
     try:
-        seen = read_until(process, wanted, 180)
+        yield read_until(process, wanted, 180)
     finally:
         stop(process)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("block", blocks_marked("run until "), ids=lambda b: b.id)
+def test_readme_block_starts_its_services(block: Block, ports: Ports, tmp_path: Path) -> None:
+    services = start_services(block, ports, tmp_path)
+    seen = next(services)
+    services.close()
     assert "Traceback" not in seen, seen
+
+
+def block_before(block: Block) -> Block:
+    blocks = blocks_of(ROOT / block.file)
+    before = blocks[[b.line for b in blocks].index(block.line) - 1]
+    assert before.marker.startswith("run until "), f"{block.id}: the block above it serves nothing"
+    return before
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("block", blocks_marked("with the block above"), ids=lambda b: b.id)
+def test_readme_block_runs_against_the_services_the_block_above_starts(
+    block: Block, ports: Ports, tmp_path: Path
+) -> None:
+    services = start_services(block_before(block), ports, tmp_path / "data")
+    next(services)
+    try:
+        output = run_block(block, ports, tmp_path)
+    finally:
+        services.close()
+    for wanted in re.findall(r'"([^"]+)"', block.marker):
+        assert wanted in output, f"{block.id} never showed {wanted!r}:\n{output}"
 
 
 @pytest.mark.parametrize("block", blocks_marked("proved by "), ids=lambda b: b.id)

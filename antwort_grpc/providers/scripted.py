@@ -13,9 +13,14 @@ A turn may also be an object {"outputs": [...], "finish": "length", "error": {"c
 "message": "..."}, "usage": {"input_tokens": 1, "output_tokens": 2}}.
 
 Or a model that reacts instead of playing turns in order (walkthroughs, where people send
-requests in any order): {"tool_caller": {"arguments": {"city": "Paris"}}, "chunk_delay": 0.02}
-calls the request's first tool with those arguments when the last input is a user message, answers
-with the results when the last input is tool output, and says it has no tools otherwise.
+requests in any order):
+    {"tool_caller": {"arguments": {"city": "Paris"}, "by_tool": {"run_python": {"code": "print(1)"}}},
+     "chunk_delay": 0.02}
+calls the request's first tool when the last input is a user message, answers with the results
+when the last input is tool output, and says it has no tools otherwise. The call's arguments are
+that tool's entry in `by_tool` if it has one, else `arguments`; either way every property the
+tool's schema requires and they lack is filled with a placeholder of its type, so a tool that
+checks its arguments runs instead of refusing them.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from google.protobuf.json_format import MessageToDict
 
 from antwort_grpc import pb
 from antwort_grpc.ids import new_id
@@ -116,8 +123,7 @@ class ScriptedProvider:
         except ValueError as error:
             raise ScriptError(f"{path} is not JSON: {error}") from error
         if isinstance(data, dict) and isinstance(data.get("tool_caller"), dict):
-            arguments = json.dumps(data["tool_caller"].get("arguments", {}))
-            caller = ToolCaller(arguments)
+            caller = ToolCaller.of(data["tool_caller"], path)
             return cls([caller], repeat=True, chunk_delay=float(data.get("chunk_delay", 0.0)), kept=0)
         if not isinstance(data, dict) or not isinstance(data.get("turns"), list):
             hint = ""
@@ -201,21 +207,61 @@ class ToolCaller:
     user message, an answer from the results after tool output."""
 
     arguments: str = "{}"
+    # Arguments per tool name (JSON objects), before `arguments`.
+    by_tool: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, data: dict[str, Any], path: Path | str = "the script") -> ToolCaller:
+        arguments, by_tool = data.get("arguments", {}), data.get("by_tool", {})
+        if not isinstance(arguments, dict) or not isinstance(by_tool, dict):
+            raise ScriptError(f'{path}: "arguments" and "by_tool" of "tool_caller" must be JSON objects')
+        if not all(isinstance(v, dict) for v in by_tool.values()):
+            raise ScriptError(f'{path}: each entry of "tool_caller"."by_tool" must be a JSON object of arguments')
+        return cls(json.dumps(arguments), tuple((name, json.dumps(args)) for name, args in by_tool.items()))
 
     def __call__(self, request: TurnRequest) -> Turn:
         last = request.items[-1] if request.items else pb.Item()
         kind = last.WhichOneof("kind")
         if kind == "function_call_output":
-            results = [
-                item.function_call_output.output
-                for item in reversed(request.items)
-                if item.WhichOneof("kind") == "function_call_output"
-            ]
-            return Turn([Text(f"The tool answered: {results[0]}")])
+            results: list[str] = []
+            for item in reversed(request.items):  # the outputs of the last round, in order
+                if item.WhichOneof("kind") != "function_call_output":
+                    break
+                results.insert(0, item.function_call_output.output)
+            return Turn([Text(f"The tool answered: {' | '.join(results)}")])
         if request.tools:
             tool = request.tools[0]
-            return Turn([Reasoning(f"I should call {tool.name}."), Call(tool.name, self.arguments)])
+            return Turn([Reasoning(f"I should call {tool.name}."), Call(tool.name, self.arguments_for(tool))])
         return Turn([Text("Hello! I am a scripted stand-in for a model; offer me a tool and I will call it.")])
+
+    def arguments_for(self, tool: pb.FunctionTool) -> str:
+        """The scripted arguments of this tool, completed with what its schema requires."""
+        text = dict(self.by_tool).get(tool.name, self.arguments)
+        arguments: dict[str, Any] = json.loads(text)
+        schema = MessageToDict(tool.parameters) if tool.HasField("parameters") else {}
+        properties = schema.get("properties") or {}
+        missing = [name for name in schema.get("required") or [] if name not in arguments]
+        if not missing:
+            return text
+        for name in missing:
+            spec = properties.get(name) if isinstance(properties.get(name), dict) else {}
+            arguments[name] = _placeholder(name, spec)
+        return json.dumps(arguments)
+
+
+_PLACEHOLDERS: dict[str, Any] = {"integer": 1, "number": 1, "boolean": True, "array": [], "object": {}}
+
+
+def _placeholder(name: str, spec: dict[str, Any]) -> Any:
+    """A value of the schema's type: its first enum value or default when it names one."""
+    if spec.get("enum"):
+        return spec["enum"][0]
+    if "default" in spec:
+        return spec["default"]
+    kind = spec.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    return _PLACEHOLDERS.get(str(kind), name)
 
 
 def _deltas(outputs: Sequence[Output]) -> list[ProviderEvent]:

@@ -16,6 +16,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[2]
+
 STAND_IN = textwrap.dedent(
     """
     import sys
@@ -48,7 +50,7 @@ OWNER = textwrap.dedent(
 
 async def test_a_ctrl_c_at_the_terminal_does_not_reach_the_embedded_models_child() -> None:
     owner = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", OWNER, STAND_IN, cwd=Path(__file__).resolve().parents[2],
+        sys.executable, "-c", OWNER, STAND_IN, cwd=ROOT,
         stdout=asyncio.subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     assert owner.stdout is not None
