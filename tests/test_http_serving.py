@@ -1,5 +1,5 @@
 """Serving the HTTP door: its own address (a set address that cannot be bound is one startup line
-naming the setting; the default one, taken, only turns the door off), TLS from the gRPC port's
+naming the setting; the default one, taken, moves the door to a free port, loudly), TLS from the gRPC port's
 files (mutual TLS with a client CA), no open address without authentication, and its health
 answering what gRPC health answers when shutdown begins."""
 
@@ -55,16 +55,28 @@ def test_an_open_http_address_without_authentication_is_refused(script: Path) ->
     assert "refusing" in line
 
 
-async def test_the_default_http_address_taken_turns_the_door_off_with_a_warning(
+async def test_the_default_http_address_taken_moves_the_door_and_says_loudly_which_address_is_whose(
     busy_port: int, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # A newcomer's curl to the default address must not be answered by another process unknowingly.
     provider = ScriptedProvider([[Text("hi")]], repeat=True)
     async with running_gateway(provider=provider) as gw:
         settings = GatewaySettings(http_listen=f"127.0.0.1:{busy_port}")
         settings.model_fields_set.discard("http_listen")  # as if left at its default
         with caplog.at_level(logging.WARNING):
-            assert await open_door(settings, gw.gateway.core.front) is None
-        assert "ANTWORT_HTTP_LISTEN" in caplog.text
+            door = await open_door(settings, gw.gateway.core.front)
+        assert door is not None
+        try:
+            assert door.port != busy_port
+            [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+            assert f"127.0.0.1:{busy_port} is taken" in line and "another process" in line
+            assert f"this gateway's Open Responses door is {door.url}" in line and "ANTWORT_HTTP_LISTEN" in line
+            async with aiohttp.ClientSession() as session:
+                body = {"model": "", "input": "hi"}
+                async with session.post(door.url + "/v1/responses", json=body) as response:
+                    assert (await response.json())["output"][0]["content"][0]["text"] == "hi"
+        finally:
+            await door.stop()
         off = GatewaySettings(http_listen="off")
         assert await open_door(off, gw.gateway.core.front) is None
 

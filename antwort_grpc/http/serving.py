@@ -32,9 +32,13 @@ async def open_door(
 ) -> HttpDoor | None:
     """The door serving on `settings.http_listen`; None when it is off.
 
-    Left at its default the address is a convenience (the OpenAI SDK works with nothing
-    configured): a port already taken there turns the door off with a warning, so a second
-    gateway on the machine still starts. An address that was set must bind (StartupError)."""
+    An address that was set must bind (StartupError). Left at its default, the address is a
+    convenience (the OpenAI SDK works with nothing configured), and a second gateway on the
+    machine must still start (the test suite's gateways leave it at its default while `make
+    run` holds it): a taken default port moves the door to a free port of the same host, with a
+    loud line saying that the default address answers for another process and which one answers
+    for this gateway. Off instead, a newcomer's curl to the default address would be answered by
+    that other process, with nothing said here about where this gateway listens."""
     listen = settings.http_listen.strip()
     if listen.lower() in OFF:
         return None
@@ -44,7 +48,13 @@ async def open_door(
     except OSError as error:
         if "http_listen" in settings.model_fields_set:
             raise bind_error(listen, SETTING) from error
-        log.warning("the HTTP door is off: cannot listen on %s (%s); set %s", listen, error.strerror, SETTING)
-        return None
+        host = listen.rpartition(":")[0] or "127.0.0.1"
+        await door.start(f"{host}:0")
+        log.warning(
+            "HTTP DOOR MOVED: %s is taken (%s) and answers for another process, not this gateway; "
+            "this gateway's Open Responses door is %s (set %s to choose, off for none)",
+            listen, error.strerror, door.url, SETTING,
+        )  # fmt: skip
+        return door
     log.info("Open Responses HTTP door listening on %s", door.url)
     return door
