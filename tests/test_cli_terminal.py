@@ -164,3 +164,19 @@ async def test_a_yes_typed_ahead_while_ask_streams_does_not_approve_the_call_tha
         screen = await pane.expect(r"^EXIT=0$")
     assert "denied by the user" in screen and "No weather, then." in screen, screen
     assert "y" not in re.findall(r"\[y/n\] (\S*)", screen), screen
+
+
+async def test_chat_shows_a_slow_models_words_as_they_come_not_only_once_their_line_is_whole() -> None:
+    held = Reply(text="Alpha beta gamma delta epsilon.", hold_at=3)
+    async with gateway(held) as (gw, fake), terminal("chat", "-t", gw.target) as pane:
+        await pane.expect(r"^you>$")
+        await pane.keys("Talk.", "Enter")
+        await fake.wait_held()
+        # The model holds mid-line: its words so far show above the input line.
+        screen = await pane.expect(r"^Alpha beta\b.*\nsteer>$")
+        assert "completed" not in screen
+        fake.release()
+        await pane.expect(r"^Alpha beta gamma delta epsilon\.\ncompleted · resp_\w+")
+        await pane.keys("C-d")
+        screen = await pane.expect(r"^EXIT=0$")
+    assert screen.count("Alpha") == 1, screen

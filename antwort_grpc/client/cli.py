@@ -14,7 +14,7 @@ import grpc
 from google.protobuf.json_format import ParseDict, ParseError
 
 from antwort_grpc import pb
-from antwort_grpc.client.connection import add_connection_flags, connection_from
+from antwort_grpc.client.connection import Connection, add_connection_flags, connection_from
 from antwort_grpc.client.render import HumanRenderer, terminal_response
 from antwort_grpc.client.session import (
     Interrupted,
@@ -37,18 +37,27 @@ def _request_flags(p: argparse.ArgumentParser) -> None:
         help="tools as the JSON of a list of antwort.v1.Tool (as grpcurl takes them), or @FILE holding it",
     )
     p.add_argument("--tool-choice", help="auto | required | none | the name of a function to force")
+    p.add_argument("--previous", default="", help="continue after this response id (previous_response_id)")
+    _session_flags(p)
+
+
+def _session_flags(p: argparse.ArgumentParser) -> None:
+    """What following a run takes, whoever started it: `attach` has these and no request's."""
     p.add_argument(
         "--approve-all", dest="approvals", action="store_const", const="all", help="approve every call that asks"
     )
     p.add_argument("--deny-all", dest="approvals", action="store_const", const="none", help="deny every call that asks")
     p.add_argument("--json", action="store_true", help="print the raw events, one JSON object per line")
     p.add_argument("--timeout", type=float, help="deadline of the whole session in seconds")
-    p.add_argument("--previous", default="", help="continue after this response id (previous_response_id)")
     add_connection_flags(p)
 
 
 def add_client_parsers(sub: Any) -> None:
-    ask = sub.add_parser("ask", help="ask once and watch the run (text, reasoning, tools, approvals, usage)")
+    ask = sub.add_parser(
+        "ask",
+        help="ask once and watch the run (text, reasoning, tools, approvals, usage); exit code 0 completed, "
+        "1 failed or incomplete, 3 cancelled, 2 the call could not be made, 130 Ctrl-C (docs/cli.md)",
+    )
     ask.add_argument("question", nargs="?", default="", help="the user message (optional with --output/--approve)")
     ask.add_argument(
         "--output", action="append", default=[], metavar="CALL_ID=RESULT", help="a function call's result, repeatable"
@@ -61,7 +70,10 @@ def add_client_parsers(sub: Any) -> None:
         help="run it in background: print its id at once, follow it later with `attach ID`",
     )
     ask.add_argument(
-        "--idempotency-key", default="", metavar="KEY", help="a retry with the same key gets the same response"
+        "--idempotency-key",
+        default="",
+        metavar="KEY",
+        help="a retry with the same key shows the same response instead of starting another",
     )
     _request_flags(ask)
     ask.set_defaults(run=_ask, approvals="ask")
@@ -72,7 +84,7 @@ def add_client_parsers(sub: Any) -> None:
     )
     attach.add_argument("response_id", help="the id `ask --background` printed")
     attach.add_argument("--after", type=int, default=0, metavar="N", help="the last sequence number you read")
-    _request_flags(attach)
+    _session_flags(attach)
     attach.set_defaults(run=_attach, approvals="ask")
     talk = sub.add_parser(
         "chat",
@@ -111,11 +123,12 @@ def _tool_choice(value: str | None) -> pb.ToolChoice | None:
 
 
 def _options(args: argparse.Namespace, metadata: tuple[tuple[str, str], ...]) -> Options:
+    """The session's options; `attach` has no request flags (the request was made before)."""
     return Options(
-        model=args.model,
-        instructions=args.instructions,
-        tools=_tools(args.tools),
-        tool_choice=_tool_choice(args.tool_choice),
+        model=getattr(args, "model", ""),
+        instructions=getattr(args, "instructions", ""),
+        tools=_tools(getattr(args, "tools", None)),
+        tool_choice=_tool_choice(getattr(args, "tool_choice", None)),
         approvals=args.approvals,
         json=args.json,
         timeout=args.timeout,
@@ -143,7 +156,7 @@ async def _ask_async(args: argparse.Namespace, sessions: list[Session]) -> int:
     connection = connection_from(args)
     items = _ask_items(args)
     if args.background or args.idempotency_key:
-        return await _ask_durable(args, connection, items)
+        return await _ask_durable(args, connection, items, sessions)
     async with connection.channel() as channel:
         stub = pb.ResponsesServiceStub(channel)
         async with Session(
@@ -151,20 +164,32 @@ async def _ask_async(args: argparse.Namespace, sessions: list[Session]) -> int:
         ) as session:
             sessions.append(session)
             response = await session.run(session.request(items, args.previous))
-            if not args.json and (hint := continuation_hint(session.last_event, args.tools)) is not None:
-                session.prompts.print(hint, style="dim", highlight=False, soft_wrap=True)
+            _hint(session, args.tools)
     return exit_code(response)
 
 
-async def _ask_durable(args: argparse.Namespace, connection: Any, items: list[pb.Item]) -> int:
-    """`ask --background` (and `--idempotency-key`): a create that is not tied to this process;
-    prints the response id (stdout) and how to follow it (stderr)."""
+def _hint(session: Session, tools: str | None) -> None:
+    """The command that continues a response that waits for the client (not with --json)."""
+    if not session.options.json and (hint := continuation_hint(session.last_event, tools)) is not None:
+        session.prompts.print(hint, style="dim", highlight=False, soft_wrap=True)
+
+
+async def _ask_durable(
+    args: argparse.Namespace, connection: Connection, items: list[pb.Item], sessions: list[Session]
+) -> int:
+    """`ask --background` and `--idempotency-key`: a create that is not tied to a Converse
+    stream. Background prints the response id (stdout) and how to follow it (stderr); a keyed
+    create streams and prints as any `ask` (a retry's answer is the stored response, shown whole).
+    Approvals cannot be answered on this stream: such a response ends `requires_action`, and
+    the line printed last says how to continue it."""
     request = pb.CreateResponseRequest(
         model=args.model,
         instructions=args.instructions,
         tools=_tools(args.tools),
         previous_response_id=args.previous,
         background=args.background,
+        stream=not args.background,
+        batch_events=not args.background,
     )
     if (choice := _tool_choice(args.tool_choice)) is not None:
         request.tool_choice.CopyFrom(choice)
@@ -174,17 +199,34 @@ async def _ask_durable(args: argparse.Namespace, connection: Any, items: list[pb
         metadata += (("idempotency-key", args.idempotency_key),)
     async with connection.channel() as channel:
         stub = pb.ResponsesServiceStub(channel)
+        # Not entered: no Converse stream, only its renderer and what it prints.
+        session = Session(stub, _options(args, connection.metadata), connection.target)
+        sessions.append(session)
+        if isinstance(session.renderer, HumanRenderer):
+            session.renderer.restart_clock()
         try:
-            messages = [m async for m in stub.CreateResponse(request, metadata=metadata or None, timeout=args.timeout)]
+            async for message in stub.CreateResponse(request, metadata=metadata or None, timeout=args.timeout):
+                for event in message.events or [message.event]:
+                    if args.background:
+                        response_id = _created_or_final(event).id
+                        print(response_id)
+                        print(f"running in background: antwort-grpc attach {response_id}", file=sys.stderr)
+                        return 0
+                    session.renderer.event(event)
+                    if terminal_response(event) is not None:
+                        session.last_event = event
         except grpc.aio.AioRpcError as error:
             raise StartupError(error_line(error, connection.unreachable)) from error
-    event = messages[-1].event
+    if session.last_event is None:
+        raise StartupError("the gateway closed the stream before the response ended")
+    _hint(session, args.tools)
+    return exit_code(terminal_response(session.last_event))
+
+
+def _created_or_final(event: pb.StreamEvent) -> pb.Response:
     response = terminal_response(event) or getattr(event, event.WhichOneof("event") or "created").response
-    print(response.id)
-    if args.background:
-        print(f"running in background: antwort-grpc attach {response.id}", file=sys.stderr)
-        return 0
-    return exit_code(response)
+    assert isinstance(response, pb.Response)
+    return response
 
 
 async def _attach_async(args: argparse.Namespace, sessions: list[Session]) -> int:
@@ -196,6 +238,7 @@ async def _attach_async(args: argparse.Namespace, sessions: list[Session]) -> in
         ) as session:
             sessions.append(session)
             response = await session.attach(args.response_id, args.after)
+            _hint(session, None)  # its tools are the response's own
     return exit_code(response)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from google.protobuf.json_format import MessageToDict
@@ -78,15 +79,27 @@ class HumanRenderer:
         # would be redrawn under it); the line being streamed waits here until it is complete.
         self.buffered = False
         self._partial = Text()
+        # Shows the line being streamed while it waits (on the input line's first row), so a slow
+        # model's words appear as they come; called with an empty Text once it is printed.
+        self.show_partial: Callable[[Text], None] | None = None
+        # Whether this run was seen from its start here; else (an attach, a retried create) its
+        # time is the gateway's, from the response's timestamps.
+        self._saw_start = False
+        self._shown = False
+        self.server_clock = False
 
     def restart_clock(self) -> None:
         self.started = time.monotonic()
+        self._saw_start = self._shown = False
 
     def _inline(self, text: str, style: str = "") -> None:
+        self._shown = True
         if self.buffered:
             self._partial.append(text, style)
             self._emit_whole_lines()
             self.mid_line = bool(self._partial.plain)
+            if self.show_partial is not None:
+                self.show_partial(self._partial)
             return
         self.console.print(Text(text, style=style), end="", soft_wrap=True)
         self.mid_line = not text.endswith("\n")
@@ -111,6 +124,8 @@ class HumanRenderer:
             if self.buffered:
                 self.console.print(self._partial, soft_wrap=True)
                 self._partial = Text()
+                if self.show_partial is not None:
+                    self.show_partial(self._partial)
             else:
                 self.console.print()
             self.mid_line = False
@@ -150,7 +165,11 @@ class HumanRenderer:
     def _on_reasoning_text_delta(self, e: pb.ReasoningTextDeltaEvent) -> None:
         self._delta("reasoning", e.delta, "dim italic")
 
+    def _on_created(self, e: pb.ResponseCreatedEvent) -> None:
+        self._saw_start = True
+
     def _on_output_item_done(self, e: pb.OutputItemDoneEvent) -> None:
+        self._shown = True
         kind = e.item.WhichOneof("kind")
         if kind == "function_call":
             call = e.item.function_call
@@ -209,11 +228,10 @@ class HumanRenderer:
         self.line(f"↻ recovered after turn {e.from_turn}: {why}; the turn in flight runs again", "yellow")
 
     def _terminal(self, kind: str, response: pb.Response, event: pb.StreamEvent) -> None:
-        seconds = time.monotonic() - self.started
-        usage = response.usage
+        if not self._shown:
+            self._output(response)  # a retried create's stored answer: no event showed it
         summary = (
-            f"{status_name(response)} · {response.id} · {response.model} · "
-            f"{usage.input_tokens} in / {usage.output_tokens} out tokens · {seconds:.1f} s"
+            f"{status_name(response)} · {response.id} · {response.model} · {_usage(response)} · {self._took(response)}"
         )
         self.line(summary, _STATUS_STYLE.get(kind, "bold"))
         if kind == "failed":
@@ -227,3 +245,30 @@ class HumanRenderer:
                 self.line(
                     f"  waiting for a decision on {request.call_id}: {request.name} {request.arguments}", "yellow"
                 )
+
+    def _output(self, response: pb.Response) -> None:
+        for item in response.output:
+            if item.WhichOneof("kind") == "message":
+                text = "".join(part.output_text.text for part in item.message.content)
+                if text:
+                    self.line(text)
+            else:
+                self._on_output_item_done(pb.OutputItemDoneEvent(item=item))
+
+    def _took(self, response: pb.Response) -> str:
+        """The client's clock for a run followed from its start; else the gateway's."""
+        if (self.server_clock or not self._saw_start) and response.completed_at.seconds:
+            took = response.completed_at.ToDatetime() - response.created_at.ToDatetime()
+            return f"ran {took.total_seconds():.1f} s"
+        return f"{time.monotonic() - self.started:.1f} s"
+
+
+def _usage(response: pb.Response) -> str:
+    usage = response.usage
+    if (
+        usage.input_tokens == usage.output_tokens == 0
+        and response.status != pb.ResponseStatus.RESPONSE_STATUS_COMPLETED
+    ):
+        # A turn cut short (cancelled, failed) never got the model's count.
+        return "tokens not counted"
+    return f"{usage.input_tokens} in / {usage.output_tokens} out tokens"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import shlex
 import sys
 import termios
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import grpc
+from google.protobuf.json_format import MessageToDict
 from grpc_status import rpc_status
 from rich.console import Console
 from rich.text import Text
@@ -64,6 +66,9 @@ class Lines:
     def set_prompt(self, text: str) -> None:
         pass
 
+    def show_partial(self, text: Text) -> None:
+        pass
+
     async def close(self) -> None:
         pass
 
@@ -82,6 +87,9 @@ class TerminalLines:
 
         self.queue: asyncio.Queue[str | None] = asyncio.Queue()
         self.message = self.WAITING
+        # The answer's line still being streamed: drawn above the input line until it is whole
+        # (a partial line printed above would be redrawn over), so a slow model is seen typing.
+        self.partial = ""
         self._closing = False
         self._session: PromptSession[str] = PromptSession()
         self._patch = patch_stdout(raw=True)
@@ -91,7 +99,7 @@ class TerminalLines:
     async def _read(self) -> None:
         while not self._closing:
             try:
-                line = await self._session.prompt_async(lambda: self.message)
+                line = await self._session.prompt_async(self._prompt)
             except EOFError:
                 self.queue.put_nowait(None)
                 return
@@ -101,8 +109,18 @@ class TerminalLines:
             self.message = self.WAITING
             self.queue.put_nowait(line)
 
+    def _prompt(self) -> str:
+        return f"{self.partial}\n{self.message}" if self.partial else self.message
+
     def set_prompt(self, text: str) -> None:
         self.message = text
+        self._redraw()
+
+    def show_partial(self, text: Text) -> None:
+        self.partial = text.plain
+        self._redraw()
+
+    def _redraw(self) -> None:
         app = self._session.app
         if app.is_running:
             app.invalidate()
@@ -113,7 +131,7 @@ class TerminalLines:
         self._closing = True
         app = self._session.app
         if app.is_running:
-            self.message = ""  # the input line's last drawing stays on the screen: an empty one
+            self.message = self.partial = ""  # the input line's last drawing stays on the screen: an empty one
             app.exit(exception=EOFError())
         try:
             await asyncio.wait_for(asyncio.shield(self._task), 5)
@@ -147,12 +165,14 @@ def unreachable_line(target: str) -> Callable[[str], str]:
 
 
 def error_line(error: grpc.aio.AioRpcError, unreachable: Callable[[str], str]) -> str:
-    """An RPC error as one line, with the BadRequest field violations when there are any;
-    `unreachable` says what a call that could not connect means."""
+    """An RPC error as one line, with the BadRequest field violations when there are any (a
+    violation the message already says is named by its field only); `unreachable` says what a
+    call that could not connect means."""
     code = error.code()
     if code == grpc.StatusCode.UNAVAILABLE and not _from_the_gateway(error):
         return unreachable(error.details() or "")
-    line = f"{code.name}: {error.details()}"
+    details = error.details() or ""
+    line = f"{code.name}: {details}"
     status = rpc_status.from_call(error)
     if status is not None:
         from google.rpc import error_details_pb2
@@ -161,9 +181,10 @@ def error_line(error: grpc.aio.AioRpcError, unreachable: Callable[[str], str]) -
             bad = error_details_pb2.BadRequest()
             if not detail.Unpack(bad):
                 continue
-            violations = "; ".join(f"{v.field}: {v.description}" for v in bad.field_violations)
-            if violations not in line:
-                line += f" ({violations})"
+            said = [v.field for v in bad.field_violations if v.description in details and v.field not in details]
+            unsaid = [f"{v.field}: {v.description}" for v in bad.field_violations if v.description not in details]
+            if extra := "; ".join(said + unsaid):
+                line += f" ({extra})"
     return line
 
 
@@ -225,6 +246,8 @@ class Session:
         self._outbox: asyncio.Queue[pb.ConverseRequest | None] = asyncio.Queue()
         self.last: pb.Response | None = None
         self.last_event: pb.StreamEvent | None = None
+        # Approval requests of the message being read, asked once all its events are read.
+        self._requested: list[pb.ApprovalRequest] = []
 
     async def __aenter__(self) -> Session:
         # Messages go out through a queue read by a request iterator, so sending never waits on
@@ -254,9 +277,10 @@ class Session:
         if at_terminal and fresh:
             termios.tcflush(sys.stdin.fileno(), termios.TCIFLUSH)
         self.lines = TerminalLines() if at_terminal else Lines()
-        if at_terminal and isinstance(self.renderer, HumanRenderer):
+        if isinstance(self.lines, TerminalLines) and isinstance(self.renderer, HumanRenderer):
             self.renderer.end_line()
             self.renderer.buffered = True
+            self.renderer.show_partial = self.lines.show_partial
 
     @property
     def interactive(self) -> bool:
@@ -312,6 +336,8 @@ class Session:
         """Follow a response already running (a background one) from after sequence number
         `after`; approvals and typed lines act on it as on one started here."""
         attach = pb.AttachResponseRequest(response_id=response_id, starting_after=after, batch_events=True)
+        if isinstance(self.renderer, HumanRenderer):
+            self.renderer.server_clock = True  # the run began before this client looked
         return await self.follow(pb.ConverseRequest(attach=attach))
 
     async def follow(self, first: pb.ConverseRequest) -> pb.Response:
@@ -372,18 +398,49 @@ class Session:
             for event in message.events or [message.event]:
                 if (response := await self._read(event)) is not None:
                     return response
+            if self._requested:
+                requests, self._requested = self._requested, []
+                await self._approvals(requests)
 
     async def _read(self, event: pb.StreamEvent) -> pb.Response | None:
-        """One event of the response: shown, acted on; its Response when it is the terminal one."""
+        """One event of the response: shown, acted on; its Response when it is the terminal one.
+        Approval requests are asked once the message's events are all read: an attach replays
+        a log, and a request the events after it show decided is never asked again."""
         self.renderer.event(event)
         self._took_effect(event)
         if event.WhichOneof("event") == "approval_requested":
-            await self._approvals(event.approval_requested.requests)
+            self._requested.extend(event.approval_requested.requests)
+        elif self._requested or self._pending.approvals:
+            self._decided(event)
         if (response := terminal_response(event)) is not None:
             self.last, self.last_event = response, event
             self._pending.approvals.clear()
             self._unanswered(response)
         return response
+
+    def _decided(self, event: pb.StreamEvent) -> None:
+        """Drop the approval requests an event shows decided: the call runs, has its output, or
+        was superseded; a new turn means every request before it was decided."""
+        kind = event.WhichOneof("event")
+        done: set[str] | None = None
+        if kind == "turn_started":
+            done = {r.call_id for r in self._requested} | {r.call_id for r in self._pending.approvals}
+        elif kind == "tool_execution_in_progress":
+            done = {event.tool_execution_in_progress.call_id}
+        elif kind in ("output_item_added", "output_item_done"):
+            item = getattr(event, kind).item
+            if item.WhichOneof("kind") == "function_call_output":
+                done = {item.function_call_output.call_id}
+        elif kind == "input_injected":
+            done = set(event.input_injected.superseded_call_ids)
+        if not done:
+            return
+        self._requested = [r for r in self._requested if r.call_id not in done]
+        prompted = self._pending.approvals[0].call_id if self._pending.approvals else None
+        self._pending.approvals = collections.deque(r for r in self._pending.approvals if r.call_id not in done)
+        if prompted in done:
+            self.renderer.note("(decided already)")
+            self._ask_next()
 
     def _took_effect(self, event: pb.StreamEvent) -> None:
         kind = event.WhichOneof("event")
@@ -471,6 +528,7 @@ class Session:
         elif command == "/follow":
             self._asked.add(command)
             await self._control(pb.Control(follow_up=pb.FollowUpControl(items=[user_message(rest)])))
+            self.renderer.note(f"follow-up sent: {rest} (answered once this answer ends)")
         elif command == "/quit":
             self.quit = True
             self.renderer.note("the chat ends after this answer (/cancel stops it now)")
@@ -497,16 +555,32 @@ def unslashed(text: str) -> str:
     return text[1:] if text.startswith("//") else text
 
 
+# The exit code per final status (docs/cli.md): 2 is taken by "the call could not be made", 130
+# by Ctrl-C; a response that waits for the client (requires_action) ended as it should.
+EXIT_CODES = {
+    pb.ResponseStatus.RESPONSE_STATUS_COMPLETED: 0,
+    pb.ResponseStatus.RESPONSE_STATUS_REQUIRES_ACTION: 0,
+    pb.ResponseStatus.RESPONSE_STATUS_CANCELLED: 3,
+}
+
+
 def exit_code(response: pb.Response | None) -> int:
-    return 1 if response is None or response.status == pb.ResponseStatus.RESPONSE_STATUS_FAILED else 0
+    """0 completed (or waiting for the client), 3 cancelled, 1 failed, incomplete or none."""
+    return 1 if response is None else EXIT_CODES.get(response.status, 1)
 
 
 def continuation_hint(event: pb.StreamEvent | None, tools: str | None = None) -> str | None:
     """How to continue a response that waits for the client, as a command line. `tools`: the
-    --tools value the response was asked with (a continuation runs its calls with them)."""
+    --tools value the response was asked with (a continuation runs its calls with them); None:
+    the response's own tools (an attached response was asked for by another command)."""
     if event is None or event.WhichOneof("event") != "requires_action":
         return None
     action = event.requires_action
+    if tools is None and action.response.tools:
+        tools = json.dumps(
+            [MessageToDict(tool, preserving_proto_field_name=True) for tool in action.response.tools],
+            ensure_ascii=False,
+        )
     parts = [f"antwort-grpc ask --previous {action.response.id}"]
     if tools:
         parts.append(f"--tools {shlex.quote(tools)}")

@@ -244,8 +244,8 @@ class ToolCaller:
         if not missing:
             return text
         for name in missing:
-            spec = properties.get(name) if isinstance(properties.get(name), dict) else {}
-            arguments[name] = _placeholder(name, spec)
+            spec = properties.get(name)
+            arguments[name] = _placeholder(name, spec if isinstance(spec, dict) else {})
         return json.dumps(arguments)
 
 
