@@ -231,7 +231,12 @@ def test_readme_block_runs_against_a_fresh_gateway(block: Block, ports: Ports, t
         assert "RESPONSE_STATUS_REQUIRES_ACTION" in output
         assert 'The tool answered: {\\"temp\\": 21}' in output
         assert 'approve get_weather {"city": "Paris"}? [y/n]' in output
-    if "antwort-grpc ask" in block.body and not args:
+    if "--tool-choice required" in block.body:
+        # README "Tools": what the embedded model cannot do is refused before any response exists.
+        assert re.search(r"INVALID_ARGUMENT: tool_choice: .*does not call tools", output), output
+        assert re.search(r"NOT_FOUND: .*'gpt-4o'", output), output
+        assert output.count("exit 2") == 2 and "resp_" not in output, output
+    elif "antwort-grpc ask" in block.body and not args:
         # The small model may also stop at the embedded default limit of output tokens.
         assert re.search(r"(completed|incomplete) · resp_\w+ · smollm2-135m-instruct · ", output), output
 
