@@ -26,6 +26,30 @@ class Row:
     expires_at: float | None
     response: bytes
     input_items: bytes
+    # The ids of its items, once it has ended: what item references find it by.
+    item_ids: tuple[str, ...] = ()
+
+
+def indexed_ids(record: StoredResponse) -> tuple[str, ...]:
+    """The ids an ended response is found by (its input and output items; none while it runs:
+    an item is referable once its response has ended)."""
+    if record.response.status in RUNNING:
+        return ()
+    ids = dict.fromkeys(item.id for item in record.input_items)
+    ids.update(dict.fromkeys(item.id for item in record.response.output))
+    ids.pop("", None)
+    return tuple(ids)
+
+
+def find_item(record: StoredResponse, item_id: str) -> pb.Item | None:
+    """The item of `record` with this id: an output item, else an input item."""
+    for item in record.response.output:
+        if item.id == item_id:
+            return item
+    for item in record.input_items:
+        if item.id == item_id:
+            return item
+    return None
 
 
 def to_row(record: StoredResponse, options: StoreOptions) -> Row:
@@ -42,6 +66,7 @@ def to_row(record: StoredResponse, options: StoreOptions) -> Row:
         expires_at=options.expires_at(now),
         response=response.SerializeToString(),
         input_items=encode_items(record.input_items),
+        item_ids=indexed_ids(record),
     )
 
 

@@ -71,6 +71,20 @@ SQLITE: list[tuple[str, ...]] = [
             PRIMARY KEY (owner, key)
         )""",
     ),
+    (
+        # Which ended responses hold an item (input or output), by the item's id: what an input's
+        # item_reference is found by. Rows go with their response (the trigger). Responses stored
+        # before this version are not indexed.
+        """CREATE TABLE antwort_items (
+            owner TEXT NOT NULL,
+            item_id TEXT NOT NULL,
+            response_id TEXT NOT NULL,
+            PRIMARY KEY (owner, item_id, response_id)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX antwort_items_response ON antwort_items (response_id)",
+        """CREATE TRIGGER antwort_items_gone AFTER DELETE ON antwort_responses
+            BEGIN DELETE FROM antwort_items WHERE response_id = old.id; END""",
+    ),
 ]
 
 POSTGRES: list[tuple[str, ...]] = [
@@ -139,6 +153,16 @@ POSTGRES: list[tuple[str, ...]] = [
             expires_at DOUBLE PRECISION NOT NULL,
             PRIMARY KEY (owner, key)
         )""",
+    ),
+    (
+        # As SQLite's version 3: which ended responses hold an item, for item references.
+        """CREATE TABLE antwort_items (
+            owner TEXT NOT NULL,
+            item_id TEXT NOT NULL,
+            response_id TEXT NOT NULL REFERENCES antwort_responses (id) ON DELETE CASCADE,
+            PRIMARY KEY (owner, item_id, response_id)
+        )""",
+        "CREATE INDEX antwort_items_response ON antwort_items (response_id)",
     ),
 ]
 

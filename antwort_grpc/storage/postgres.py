@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -36,7 +36,7 @@ import asyncpg
 
 from antwort_grpc import pb
 from antwort_grpc.storage.base import StoredResponse
-from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, InputItemsInTheRow, from_row, interrupted, to_row
+from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, InputItemsInTheRow, find_item, from_row, interrupted, to_row
 from antwort_grpc.storage.maintenance import CancelCallbacks, start_upkeep
 from antwort_grpc.storage.migrations import migrate_postgres
 from antwort_grpc.storage.options import StoreOptions
@@ -77,6 +77,17 @@ _UPSERT = f"""INSERT INTO antwort_responses
         expires_at = excluded.expires_at, instance = excluded.instance, response = excluded.response,
         input_items = excluded.input_items
     WHERE antwort_responses.status IN {RUNNING_SQL} OR excluded.status NOT IN {RUNNING_SQL}"""
+# An ended response: saved, and the ids of its items indexed, in one statement (one round trip).
+_UPSERT_INDEXED = f"""WITH saved AS ({_UPSERT} RETURNING id)
+    INSERT INTO antwort_items (owner, item_id, response_id)
+    SELECT $2, item_id, saved.id FROM saved, unnest($10::text[]) AS item_id
+    ON CONFLICT DO NOTHING"""
+# The latest live response of the owner holding each item.
+_HOLDERS = """SELECT DISTINCT ON (i.item_id) i.item_id, r.id, r.response, r.input_items FROM antwort_items i
+    JOIN antwort_responses r ON r.id = i.response_id
+    WHERE i.owner = $1 AND i.item_id = ANY($2::text[]) AND r.owner = i.owner
+        AND (r.expires_at IS NULL OR r.expires_at > $3)
+    ORDER BY i.item_id, r.created_at DESC"""
 
 
 def _ts(seconds: float | None) -> datetime | None:
@@ -146,8 +157,9 @@ class PostgresStore(InputItemsInTheRow):
 
     async def save(self, record: StoredResponse) -> None:
         row = to_row(record, self.options)
+        indexed = (list(row.item_ids),) if row.item_ids else ()
         await self.pool.execute(
-            _UPSERT,
+            _UPSERT_INDEXED if indexed else _UPSERT,
             row.id,
             row.owner,
             row.status,
@@ -157,6 +169,7 @@ class PostgresStore(InputItemsInTheRow):
             self.options.instance_id,
             row.response,
             row.input_items,
+            *indexed,
         )
 
     async def get(self, response_id: str, owner: str = "") -> StoredResponse | None:
@@ -176,6 +189,18 @@ class PostgresStore(InputItemsInTheRow):
             _ts(self.options.clock()),
         )
         return status != "DELETE 0"
+
+    async def find_items(self, item_ids: Sequence[str], owner: str = "") -> dict[str, pb.Item]:
+        rows = await self.pool.fetch(_HOLDERS, owner, list(item_ids), _ts(self.options.clock()))
+        found: dict[str, pb.Item] = {}
+        decoded: dict[str, StoredResponse] = {}
+        for row in rows:
+            key = row["id"]
+            record = decoded.get(key) or decoded.setdefault(key, from_row(row["response"], row["input_items"], owner))
+            item = find_item(record, row["item_id"])
+            if item is not None:
+                found[row["item_id"]] = item
+        return found
 
     # -- liveness and the sweep -----------------------------------------------------------------
 

@@ -15,11 +15,21 @@ import fcntl
 import logging
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from antwort_grpc import pb
 from antwort_grpc.storage.base import StoredResponse
-from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, InputItemsInTheRow, Row, from_row, interrupted, to_row
+from antwort_grpc.storage.codec import (
+    FAILED,
+    RUNNING_SQL,
+    InputItemsInTheRow,
+    Row,
+    find_item,
+    from_row,
+    interrupted,
+    to_row,
+)
 from antwort_grpc.storage.maintenance import CancelCallbacks, start_upkeep
 from antwort_grpc.storage.migrations import migrate_sqlite
 from antwort_grpc.storage.options import StoreOptions
@@ -38,6 +48,11 @@ _UPSERT = f"""INSERT INTO antwort_responses
         previous_response_id = excluded.previous_response_id, created_at = excluded.created_at,
         expires_at = excluded.expires_at, response = excluded.response, input_items = excluded.input_items
     WHERE antwort_responses.status IN {RUNNING_SQL} OR excluded.status NOT IN {RUNNING_SQL}"""
+# The latest live response of the owner that holds an item.
+_HOLDER = """SELECT r.id, r.response, r.input_items FROM antwort_items i
+    JOIN antwort_responses r ON r.id = i.response_id
+    WHERE i.owner = ? AND i.item_id = ? AND r.owner = i.owner AND (r.expires_at IS NULL OR r.expires_at > ?)
+    ORDER BY r.created_at DESC LIMIT 1"""
 
 
 class StoreInUse(RuntimeError):
@@ -144,6 +159,24 @@ class SQLiteStore(InputItemsInTheRow):
 
         return await self.writer.run(delete)
 
+    async def find_items(self, item_ids: Sequence[str], owner: str = "") -> dict[str, pb.Item]:
+        now = self.options.clock()
+
+        def read(conn: sqlite3.Connection) -> dict[str, pb.Item]:
+            found: dict[str, pb.Item] = {}
+            decoded: dict[str, StoredResponse] = {}
+            for item_id in item_ids:
+                row = conn.execute(_HOLDER, (owner, item_id, now)).fetchone()
+                if row is None:
+                    continue
+                record = decoded.get(row[0]) or decoded.setdefault(row[0], from_row(row[1], row[2], owner))
+                item = find_item(record, item_id)
+                if item is not None:
+                    found[item_id] = item
+            return found
+
+        return await self.reader.run(read)
+
     # -- upkeep and cancel ----------------------------------------------------------------------
 
     async def _mark_running_interrupted(self) -> int:
@@ -198,6 +231,11 @@ def _upsert(conn: sqlite3.Connection, row: Row) -> None:
             row.input_items,
         ),
     )
+    if row.item_ids:
+        conn.executemany(
+            "INSERT OR IGNORE INTO antwort_items (owner, item_id, response_id) VALUES (?, ?, ?)",
+            [(row.owner, item_id, row.id) for item_id in row.item_ids],
+        )
 
 
 __all__ = ["SQLiteStore", "StoreInUse", "migrate_file"]
