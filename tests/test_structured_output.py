@@ -100,7 +100,9 @@ async def test_json_object_asks_for_an_object_and_refuses_anything_else() -> Non
             )
         )
         assert ok.status == S.RESPONSE_STATUS_COMPLETED
-        status, body = await post(running, {"model": MODEL, "input": "JSON", "text": {"format": {"type": "json_object"}}})
+        status, body = await post(
+            running, {"model": MODEL, "input": "JSON", "text": {"format": {"type": "json_object"}}}
+        )
         assert status == 200 and body["status"] == "failed", body
         assert body["error"]["code"] == "output_format_mismatch"
         assert "not an object" in body["error"]["message"]

@@ -245,9 +245,6 @@ def _schema_problems(tools: Sequence[pb.Tool], limits: Limits, in_worker: bool) 
 
 def check_item(item: pb.Item, at: str, v: list[FieldViolation]) -> None:
     """The checks of one input item, for other inputs that carry items (controls)."""
-    if item.WhichOneof("kind") == "item_reference":
-        v.append(FieldViolation(f"{at}.item_reference", "item references are resolved in a create's input only"))
-        return
     _check_item(item, at, v)
 
 
