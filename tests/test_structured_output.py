@@ -6,9 +6,13 @@ with a pydantic model works unchanged against the HTTP door."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -223,3 +227,28 @@ async def test_the_openai_sdks_responses_parse_returns_the_pydantic_model() -> N
     assert sent["type"] == "json_schema" and sent["json_schema"]["name"] == "City"
     assert sent["json_schema"]["strict"] is True
     assert set(sent["json_schema"]["schema"]["required"]) == {"city", "population"}
+
+
+# ----------------------------------------------------------------------------------- the CLI
+
+
+async def test_the_cli_asks_for_structured_output_with_json_schema(tmp_path: Path) -> None:
+    schema_file = tmp_path / "city.json"
+    schema_file.write_text(json.dumps(CITY))
+    answer = '{"city": "Nice", "population": 340000}'
+    async with doors(Reply(text=answer), Reply(text=answer)) as (running, fake):
+        for given in (str(schema_file), json.dumps({**CITY, "title": "City facts"})):
+            process = await asyncio.create_subprocess_exec(
+                ANTWORT, "ask", "-t", running.grpc.target, "--json-schema", given, "Nice?",
+                env={k: v for k, v in os.environ.items() if not k.startswith("ANTWORT_")},
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+            out, _ = await process.communicate()
+            assert process.returncode == 0, out.decode()
+            assert answer in out.decode()
+    names = [r["response_format"]["json_schema"]["name"] for r in fake.chat_requests]
+    assert names == ["city", "City_facts"]
+    assert all(r["response_format"]["json_schema"]["schema"] == CITY for r in fake.chat_requests[:1])
+
+
+ANTWORT = str(Path(sys.executable).parent / "antwort-grpc")

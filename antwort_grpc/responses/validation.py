@@ -61,15 +61,19 @@ def validate_create(
         _check_duration(request.delta_coalescing.max_hold, "delta_coalescing.max_hold", coalesce.MAX_HOLD, v)
     if request.background and request.HasField("store") and not request.store:
         v.append(FieldViolation("background", "a background response is stored: it needs store (true or unset)"))
+    _check_metadata(request, limits, v)
+    return v
+
+
+def _check_metadata(request: pb.CreateResponseRequest, limits: Limits, v: list[FieldViolation]) -> None:
     if len(request.metadata) > limits.max_metadata:
         v.append(FieldViolation("metadata", f"at most {limits.max_metadata} entries"))
-    else:
-        for key, value in request.metadata.items():
-            if len(key) > 64:
-                v.append(FieldViolation(f"metadata[{shorten(key, 20)}]", "keys are at most 64 characters"))
-            if len(value) > 512:
-                v.append(FieldViolation(f"metadata[{shorten(key, 20)}]", "values are at most 512 characters"))
-    return v
+        return
+    for key, value in request.metadata.items():
+        if len(key) > 64:
+            v.append(FieldViolation(f"metadata[{shorten(key, 20)}]", "keys are at most 64 characters"))
+        if len(value) > 512:
+            v.append(FieldViolation(f"metadata[{shorten(key, 20)}]", "values are at most 512 characters"))
 
 
 def _check_request_tools(
@@ -134,7 +138,13 @@ def _check_item(item: pb.Item, at: str, v: list[FieldViolation]) -> None:
                 v.append(FieldViolation(f"{at}.message.content[{m}]", "a content part needs a kind"))
             elif which == "input_image" and not part.input_image.image_url:
                 v.append(FieldViolation(f"{at}.message.content[{m}].input_image.image_url", "required"))
-    elif kind == "function_call":
+    else:
+        _check_other_item(item, kind, at, v)
+
+
+def _check_other_item(item: pb.Item, kind: str, at: str, v: list[FieldViolation]) -> None:
+    """An item that is not a message: the ids that pair or name it."""
+    if kind == "function_call":
         if not item.function_call.call_id:
             v.append(FieldViolation(f"{at}.function_call.call_id", "required"))
         check_id(f"{at}.function_call.call_id", item.function_call.call_id, v)
