@@ -332,7 +332,7 @@ async def test_a_response_is_paused_resumed_and_steered_over_http() -> None:
 async def _next_event(response: aiohttp.ClientResponse) -> dict[str, Any]:
     while True:
         line = (await response.content.readline()).decode()
-        if line.startswith("data: "):
+        if line.startswith("data: ") and line.strip() != "data: [DONE]":
             event: dict[str, Any] = json.loads(line[len("data: ") :])
             return event
 
