@@ -252,3 +252,21 @@ async def test_the_cli_asks_for_structured_output_with_json_schema(tmp_path: Pat
 
 
 ANTWORT = str(Path(sys.executable).parent / "antwort-grpc")
+
+
+# ---------------------------------------------------------------------------- the wire, unit
+
+
+def test_response_format_sends_whole_numbers_as_integers() -> None:
+    from antwort_grpc.providers.openai.request import response_format
+
+    schema = struct_pb2.Struct()
+    schema.update({"type": "string", "maxLength": 20, "enum": ["a", 1.5], "items": [{"minItems": 2}]})
+    form = pb.TextFormat(json_schema=pb.JsonSchemaFormat(name="n", schema=schema, description="d"))
+    sent = json.dumps(response_format(form))
+    assert '"maxLength": 20,' in sent and '"minItems": 2}' in sent and "1.5" in sent
+    assert json.loads(sent)["json_schema"] == {
+        "name": "n",
+        "description": "d",
+        "schema": {"type": "string", "maxLength": 20, "enum": ["a", 1.5], "items": [{"minItems": 2}]},
+    }

@@ -67,7 +67,7 @@ def status_error(status: int, body: bytes, *, model: str, url: str) -> ProviderE
 
 
 # How backends word a refusal of response_format (or of the grammar they would build from it).
-_FORMAT_MARKERS = ("response_format", "json_schema", "json_object", "grammar", "structured output")
+_FORMAT_MARKERS = ("response_format", "json_schema", "json schema", "json_object", "grammar", "structured output")
 
 
 def structured_refusal(failure: ProviderError) -> ProviderError:

@@ -232,9 +232,22 @@ def response_format(form: pb.TextFormat) -> dict[str, Any]:
     if form.WhichOneof("kind") == "json_object":
         return {"type": "json_object"}
     schema = form.json_schema
-    spec: dict[str, Any] = {"name": schema.name, "schema": json.loads(struct_json(schema.schema))}
+    spec: dict[str, Any] = {"name": schema.name, "schema": integral(json.loads(struct_json(schema.schema)))}
     if schema.description:
         spec["description"] = schema.description
     if schema.HasField("strict"):
         spec["strict"] = schema.strict
     return {"type": "json_schema", "json_schema": spec}
+
+
+def integral(value: Any) -> Any:
+    """`value` with its whole numbers as integers. A Struct holds every number as a double, so
+    `"maxLength": 20` arrives as 20.0, which llama.cpp's schema-to-grammar converter refuses
+    ("maxLength must be a non-negative integer")."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: integral(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [integral(item) for item in value]
+    return value
