@@ -307,7 +307,9 @@ class Engine:
             try:
                 async for event in turns.events():
                     yield event
-                outcome = checked(structured_format(run.request), run.response.output, turns.result)
+                outcome = turns.result
+                if run.request.HasField("text"):
+                    outcome = checked(structured_format(run.request), run.response.output, outcome)
             except Stopped:
                 outcome = run.stop_outcome()
             except ProviderError as err:

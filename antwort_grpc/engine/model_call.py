@@ -144,7 +144,7 @@ def turn_request(run: Run, turn: int, context: Sequence[pb.Item] | None = None) 
         ),
         temperature=request.temperature if request.HasField("temperature") else None,
         top_p=request.top_p if request.HasField("top_p") else None,
-        text_format=structured_format(request),
+        text_format=structured_format(request) if request.HasField("text") else None,
         coalesce=not request.delta_coalescing.disabled,
         max_hold=max_hold_of(request),
     )

@@ -71,7 +71,7 @@ class Responses:
         id to give it (responses/durable.py binds an idempotency key to it first)."""
         await self.check(request)
         server = self.engine.server_limits
-        if positions := references(request):
+        if request.WhichOneof("input") == "input_items" and (positions := references(request)):
             request = await resolve_references(request, positions, self.store, owner)
 
         def problems(replaced: pb.CreateResponseRequest) -> list[str]:

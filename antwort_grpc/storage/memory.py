@@ -36,30 +36,45 @@ class MemoryDatabase:
     size: int = 0
     # Background runs: event logs, checkpoints, leases, idempotency keys (runlog_memory.py).
     runs: RunTables = field(default_factory=RunTables)
-    # (owner, item id) -> the ended responses that hold the item, the latest last.
-    items: dict[tuple[str, str], dict[str, None]] = field(default_factory=dict)
+    # (owner, item id) -> the ended responses that hold the item, the latest last. Built at the
+    # first lookup and kept from then on: a process whose clients never refer to items pays nothing.
+    items: dict[tuple[str, str], dict[str, None]] | None = None
 
     def put(self, key: str, entry: _Entry, max_entries: int, max_bytes: int) -> None:
         """Keep `entry` under `key`, then evict down to the bounds (one call per save)."""
         old = self.entries.get(key)
         self.size += entry.size - (old.size if old is not None else 0)
         self.entries[key] = entry
-        for item_id in indexed_ids(entry.record):
-            holders = self.items.setdefault((entry.record.owner, item_id), {})
-            holders.pop(key, None)
-            holders[key] = None
+        if self.items is not None:
+            self._index(key, entry)
         if len(self.entries) > max_entries or self.size > max_bytes:
             self._evict(max_entries, max_bytes)
 
     def remove(self, key: str) -> None:
         entry = self.entries.pop(key)
         self.size -= entry.size
+        if self.items is None:
+            return
         for item_id in indexed_ids(entry.record):
             holders = self.items.get((entry.record.owner, item_id))
             if holders is not None:
                 holders.pop(key, None)
                 if not holders:
                     del self.items[(entry.record.owner, item_id)]
+
+    def item_index(self) -> dict[tuple[str, str], dict[str, None]]:
+        if self.items is None:
+            self.items = {}
+            for key, entry in self.entries.items():
+                self._index(key, entry)
+        return self.items
+
+    def _index(self, key: str, entry: _Entry) -> None:
+        assert self.items is not None
+        for item_id in indexed_ids(entry.record):
+            holders = self.items.setdefault((entry.record.owner, item_id), {})
+            holders.pop(key, None)
+            holders[key] = None
 
     def _evict(self, max_entries: int, max_bytes: int) -> None:
         """Drop the oldest finished entries until both bounds hold (or only running ones are left)."""
@@ -127,8 +142,9 @@ class MemoryStore:
 
     async def find_items(self, item_ids: Sequence[str], owner: str = "") -> dict[str, pb.Item]:
         found: dict[str, pb.Item] = {}
+        index = self.database.item_index()
         for item_id in item_ids:
-            for response_id in reversed(self.database.items.get((owner, item_id), {})):
+            for response_id in reversed(index.get((owner, item_id), {})):
                 entry = self._live(response_id, owner)
                 item = find_item(entry.record, item_id) if entry is not None else None
                 if item is not None:
