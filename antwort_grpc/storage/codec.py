@@ -52,7 +52,8 @@ def find_item(record: StoredResponse, item_id: str) -> pb.Item | None:
     return None
 
 
-def to_row(record: StoredResponse, options: StoreOptions) -> Row:
+def to_row(record: StoredResponse, options: StoreOptions, *, index: bool = True) -> Row:
+    """`index`: with the ids an item reference finds the response by (indexed_ids)."""
     response = record.response
     now = options.clock()
     created = response.created_at.ToNanoseconds() / 1e9 if response.HasField("created_at") else now
@@ -66,7 +67,7 @@ def to_row(record: StoredResponse, options: StoreOptions) -> Row:
         expires_at=options.expires_at(now),
         response=response.SerializeToString(),
         input_items=encode_items(record.input_items),
-        item_ids=indexed_ids(record),
+        item_ids=indexed_ids(record) if index else (),
     )
 
 

@@ -73,8 +73,10 @@ SQLITE: list[tuple[str, ...]] = [
     ),
     (
         # Which ended responses hold an item (input or output), by the item's id: what an input's
-        # item_reference is found by. Rows go with their response (the trigger). Responses stored
-        # before this version are not indexed.
+        # item_reference is found by. Rows go with their response (the trigger). Kept only once a
+        # client has referred to an item (the `items_indexed` setting; the store then indexes what
+        # it holds already): a database whose clients never do pays nothing for it.
+        "CREATE TABLE antwort_settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
         """CREATE TABLE antwort_items (
             owner TEXT NOT NULL,
             item_id TEXT NOT NULL,

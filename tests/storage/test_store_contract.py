@@ -237,3 +237,18 @@ async def test_an_item_several_responses_hold_is_found_while_any_of_them_is_kept
     assert texts([(await store.find_items(["msg_shared"]))["msg_shared"]]) == ["said twice"]
     assert await store.delete("resp_2")
     assert texts([(await store.find_items(["msg_shared"]))["msg_shared"]]) == ["said twice"]
+
+
+async def test_once_an_item_was_looked_up_a_reopened_store_still_finds_what_ends_later(backend: Backend) -> None:
+    # SQLite and memory index items only from the first lookup on (what was stored before is
+    # indexed then): the database remembers that it does.
+    first = await backend.open()
+    before = record("resp_1")
+    await first.save(before)
+    assert list(await first.find_items([before.input_items[0].id])) == [before.input_items[0].id]
+    await backend.close(first)
+    second = await backend.open()
+    later = record("resp_2")
+    await second.save(later)
+    assert list(await second.find_items([later.response.output[0].id])) == [later.response.output[0].id]
+    assert list(await second.find_items([before.input_items[0].id])) == [before.input_items[0].id]
