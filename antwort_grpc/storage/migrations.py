@@ -157,7 +157,9 @@ POSTGRES: list[tuple[str, ...]] = [
         )""",
     ),
     (
-        # As SQLite's version 3: which ended responses hold an item, for item references.
+        # As SQLite's version 3: which ended responses hold an item, for item references, kept
+        # only once a client has referred to an item (the `items_indexed` setting).
+        "CREATE TABLE antwort_settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
         """CREATE TABLE antwort_items (
             owner TEXT NOT NULL,
             item_id TEXT NOT NULL,

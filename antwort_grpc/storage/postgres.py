@@ -36,7 +36,16 @@ import asyncpg
 
 from antwort_grpc import pb
 from antwort_grpc.storage.base import StoredResponse
-from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, InputItemsInTheRow, find_item, from_row, interrupted, to_row
+from antwort_grpc.storage.codec import (
+    FAILED,
+    RUNNING_SQL,
+    InputItemsInTheRow,
+    find_item,
+    from_row,
+    indexed_ids,
+    interrupted,
+    to_row,
+)
 from antwort_grpc.storage.maintenance import CancelCallbacks, start_upkeep
 from antwort_grpc.storage.migrations import migrate_postgres
 from antwort_grpc.storage.options import StoreOptions
@@ -77,11 +86,17 @@ _UPSERT = f"""INSERT INTO antwort_responses
         expires_at = excluded.expires_at, instance = excluded.instance, response = excluded.response,
         input_items = excluded.input_items
     WHERE antwort_responses.status IN {RUNNING_SQL} OR excluded.status NOT IN {RUNNING_SQL}"""
-# An ended response: saved, and the ids of its items indexed, in one statement (one round trip).
+# An ended response: saved, and the ids of its items indexed once a client has referred to an
+# item in this database (any replica), in one statement (one round trip).
+_ITEMS_INDEXED = "items_indexed"
+_ITEMS_BACKFILLED = "items_backfilled"
 _UPSERT_INDEXED = f"""WITH saved AS ({_UPSERT} RETURNING id)
     INSERT INTO antwort_items (owner, item_id, response_id)
     SELECT $2, item_id, saved.id FROM saved, unnest($10::text[]) AS item_id
+    WHERE EXISTS (SELECT 1 FROM antwort_settings WHERE name = '{_ITEMS_INDEXED}')
     ON CONFLICT DO NOTHING"""
+# Serializes the replicas that switch the index on.
+_INDEXING_LOCK = 0x616E7478
 # The latest live response of the owner holding each item.
 _HOLDERS = """SELECT DISTINCT ON (i.item_id) i.item_id, r.id, r.response, r.input_items FROM antwort_items i
     JOIN antwort_responses r ON r.id = i.response_id
@@ -114,6 +129,8 @@ class PostgresStore(InputItemsInTheRow):
         self._session: Connection | None = None
         self._task: asyncio.Task[None] | None = None
         self.runlog = PostgresRunLog(pool, options)
+        # The index of items is complete (the switch is on and what was stored before is in it).
+        self._items_indexed = False
 
     @classmethod
     async def open(cls, url: str, options: StoreOptions | None = None, *, pool_size: int = 10) -> PostgresStore:
@@ -191,6 +208,8 @@ class PostgresStore(InputItemsInTheRow):
         return status != "DELETE 0"
 
     async def find_items(self, item_ids: Sequence[str], owner: str = "") -> dict[str, pb.Item]:
+        if not self._items_indexed:
+            await self._index_items()
         rows = await self.pool.fetch(_HOLDERS, owner, list(item_ids), _ts(self.options.clock()))
         found: dict[str, pb.Item] = {}
         decoded: dict[str, StoredResponse] = {}
@@ -201,6 +220,23 @@ class PostgresStore(InputItemsInTheRow):
             if item is not None:
                 found[row["item_id"]] = item
         return found
+
+    async def _index_items(self) -> None:
+        """From the first item reference on (on any replica): final saves index their items, and
+        what was stored before is indexed once. The switch is committed before that indexing
+        reads, so a save that commits after its snapshot indexes itself."""
+        async with self.pool.acquire() as conn:
+            await conn.execute("SELECT pg_advisory_lock($1)", _INDEXING_LOCK)
+            try:
+                done = await conn.fetchval("SELECT 1 FROM antwort_settings WHERE name = $1", _ITEMS_BACKFILLED)
+                if done is None:
+                    await conn.execute(_SETTING, _ITEMS_INDEXED)
+                    async with conn.transaction():
+                        await _index_stored(conn)
+                        await conn.execute(_SETTING, _ITEMS_BACKFILLED)
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock($1)", _INDEXING_LOCK)
+        self._items_indexed = True
 
     # -- liveness and the sweep -----------------------------------------------------------------
 
@@ -366,6 +402,25 @@ class PostgresStore(InputItemsInTheRow):
             )
         except Exception:
             log.exception("answering control %s failed", control_id)
+
+
+_SETTING = "INSERT INTO antwort_settings (name, value) VALUES ($1, '1') ON CONFLICT DO NOTHING"
+
+
+async def _index_stored(conn: AnyConnection) -> None:
+    """Index the items of every ended response stored (inside the caller's transaction)."""
+    async for row in conn.cursor(
+        f"SELECT id, owner, response, input_items FROM antwort_responses WHERE status NOT IN {RUNNING_SQL}"
+    ):
+        ids = indexed_ids(from_row(row["response"], row["input_items"], row["owner"]))
+        if ids:
+            await conn.execute(
+                "INSERT INTO antwort_items (owner, item_id, response_id) SELECT $1, unnest($2::text[]), $3 "
+                "ON CONFLICT DO NOTHING",
+                row["owner"],
+                list(ids),
+                row["id"],
+            )
 
 
 async def _mark_instance(conn: AnyConnection, instance: str) -> int:
