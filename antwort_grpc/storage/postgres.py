@@ -27,6 +27,7 @@ The session connection must be a real session: through a pooler in transaction m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -231,6 +232,7 @@ class PostgresStore(InputItemsInTheRow):
                 done = await conn.fetchval("SELECT 1 FROM antwort_settings WHERE name = $1", _ITEMS_BACKFILLED)
                 if done is None:
                     await conn.execute(_SETTING, _ITEMS_INDEXED)
+                    await _await_older_transactions(conn)
                     async with conn.transaction():
                         await _index_stored(conn)
                         await conn.execute(_SETTING, _ITEMS_BACKFILLED)
@@ -405,6 +407,22 @@ class PostgresStore(InputItemsInTheRow):
 
 
 _SETTING = "INSERT INTO antwort_settings (name, value) VALUES ($1, '1') ON CONFLICT DO NOTHING"
+# How long the indexing waits for the transactions that began before the switch.
+OLDER_WAIT = 5.0
+
+
+async def _await_older_transactions(conn: AnyConnection) -> None:
+    """Wait (a while at most) until every transaction that began before now has ended: a save
+    whose statement started before the switch was committed (so did not index itself) is then
+    visible to the indexing that follows."""
+    horizon = await conn.fetchval("SELECT pg_snapshot_xmax(pg_current_snapshot())::text")
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(OLDER_WAIT):
+            sql = "SELECT pg_snapshot_xmin(pg_current_snapshot()) < $1::text::xid8"
+            while True:
+                if not await conn.fetchval(sql, horizon):
+                    return
+                await asyncio.sleep(0.01)  # nothing to wait on but the database's own view
 
 
 async def _index_stored(conn: AnyConnection) -> None:
