@@ -270,3 +270,25 @@ def test_response_format_sends_whole_numbers_as_integers() -> None:
         "description": "d",
         "schema": {"type": "string", "maxLength": 20, "enum": ["a", 1.5], "items": [{"minItems": 2}]},
     }
+
+
+async def test_the_scripted_stand_in_answers_in_the_form_asked_for() -> None:
+    from antwort_grpc.providers.scripted import ScriptedProvider, ToolCaller
+
+    class Weather(BaseModel):
+        summary: str
+        temperature: int
+        sunny: bool
+
+    async with running_doors(provider=ScriptedProvider([ToolCaller()], repeat=True), model="scripted") as running:
+        client = openai.AsyncOpenAI(base_url=running.base_url, api_key="unused", max_retries=0)
+        try:
+            parsed = await client.responses.parse(model="scripted", input="Weather?", text_format=Weather)
+            plain = await client.responses.create(
+                model="scripted", input="Hi", text={"format": {"type": "json_object"}}
+            )
+        finally:
+            await client.close()
+    assert parsed.status == "completed" and parsed.output_parsed is not None
+    assert parsed.output_parsed.temperature == 0 and parsed.output_parsed.summary.startswith("Hello!")
+    assert plain.status == "completed" and json.loads(plain.output_text)["answer"].startswith("Hello!")
