@@ -22,7 +22,7 @@ from google.protobuf import struct_pb2
 from antwort_grpc import pb
 from antwort_grpc.engine.outcomes import Completed, Failed, FinalOutcome
 from antwort_grpc.errors import shorten
-from antwort_grpc.structs import digest, struct_to_dict
+from antwort_grpc.structs import digest, integral, struct_to_dict
 
 MISMATCH = "output_format_mismatch"
 # Compiled schemas kept (clients send the same few with every request).
@@ -47,7 +47,7 @@ def _validator(schema: struct_pb2.Struct) -> Any:
         if found is not None:
             _cache.move_to_end(key)
             return found
-    validator = compile_schema(struct_to_dict(schema))
+    validator = compile_schema(integral(struct_to_dict(schema)))
     with _lock:
         _cache[key] = validator
         while len(_cache) > CACHE_SIZE:

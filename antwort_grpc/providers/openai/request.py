@@ -8,7 +8,7 @@ from typing import Any
 
 from antwort_grpc import pb
 from antwort_grpc.providers.base import TurnRequest
-from antwort_grpc.structs import struct_json
+from antwort_grpc.structs import integral, struct_json
 
 ChatMessage = dict[str, Any]
 
@@ -238,16 +238,3 @@ def response_format(form: pb.TextFormat) -> dict[str, Any]:
     if schema.HasField("strict"):
         spec["strict"] = schema.strict
     return {"type": "json_schema", "json_schema": spec}
-
-
-def integral(value: Any) -> Any:
-    """`value` with its whole numbers as integers. A Struct holds every number as a double, so
-    `"maxLength": 20` arrives as 20.0, which llama.cpp's schema-to-grammar converter refuses
-    ("maxLength must be a non-negative integer")."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    if isinstance(value, dict):
-        return {key: integral(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [integral(item) for item in value]
-    return value
