@@ -264,7 +264,7 @@ def test_response_format_sends_whole_numbers_as_integers() -> None:
     schema.update({"type": "string", "maxLength": 20, "enum": ["a", 1.5], "items": [{"minItems": 2}]})
     form = pb.TextFormat(json_schema=pb.JsonSchemaFormat(name="n", schema=schema, description="d"))
     sent = json.dumps(response_format(form))
-    assert '"maxLength": 20,' in sent and '"minItems": 2}' in sent and "1.5" in sent
+    assert "20.0" not in sent and "2.0" not in sent and "1.5" in sent
     assert json.loads(sent)["json_schema"] == {
         "name": "n",
         "description": "d",
