@@ -92,3 +92,16 @@ def json_depth(text: str) -> int:
     """How deep objects and arrays nest in a JSON text (`{}` is 1), counted at C speed."""
     brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
     return max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+def integral(value: Any) -> Any:
+    """`value` with its whole numbers as integers. A Struct holds every number as a double, so a
+    schema's `"maxLength": 20` comes back as 20.0, which llama.cpp's schema-to-grammar converter
+    refuses ("maxLength must be a non-negative integer") and error messages show as "0.0"."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {key: integral(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [integral(item) for item in value]
+    return value

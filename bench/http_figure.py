@@ -94,7 +94,7 @@ def _read_http_streams(address: str, body: bytes, responses: int) -> int:
             if response.status != 200:
                 raise RuntimeError(f"http door answered {response.status}: {response.read()!r}")
             for line in response:
-                if line.startswith(b"data: "):
+                if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
                     events += 1
     finally:
         connection.close()

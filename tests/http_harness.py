@@ -82,15 +82,21 @@ def assert_event_schema(event: dict[str, Any]) -> None:
 
 
 async def sse_events(response: aiohttp.ClientResponse) -> list[dict[str, Any]]:
-    """The events of an SSE response, each checked: its `event:` name is its type."""
+    """The events of an SSE response, each checked: its `event:` name is its type, and the
+    stream ends with the spec's literal `data: [DONE]` after them."""
     events: list[dict[str, Any]] = []
     name = ""
+    done = False
     async for raw in response.content:
         line = raw.decode().rstrip("\r\n")
-        if line.startswith("event: "):
+        assert not done or not line, f"{line!r} after [DONE]"
+        if line == "data: [DONE]":
+            done = True
+        elif line.startswith("event: "):
             name = line[len("event: ") :]
         elif line.startswith("data: "):
             event = json.loads(line[len("data: ") :])
             assert event["type"] == name, (name, event["type"])
             events.append(event)
+    assert done, "the stream ended without data: [DONE]"
     return events

@@ -92,7 +92,8 @@ async def test_malformed_json_is_a_400_naming_the_body_and_the_gateway_goes_on()
         ({"model": MODEL, "input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"model": MODEL, "input": "hi", "tool_choice": "sometimes"}, "tool_choice"),
         ({"model": MODEL, "input": "hi", "no_such_parameter": 1}, "no_such_parameter"),
-        ({"model": MODEL, "input": "hi", "text": {"format": {"type": "json_schema"}}}, "text.format.type"),
+        ({"model": MODEL, "input": "hi", "text": {"format": {"type": "json_schema"}}}, "text.format.name"),
+        ({"model": MODEL, "input": "hi", "text": {"format": {"type": "xml"}}}, "text.format.type"),
     ],
 )
 async def test_a_value_of_the_wrong_type_or_kind_is_a_400_naming_its_parameter(body: Any, param: str) -> None:
@@ -334,7 +335,7 @@ async def test_a_response_is_paused_resumed_and_steered_over_http() -> None:
 async def _next_event(response: aiohttp.ClientResponse) -> dict[str, Any]:
     while True:
         line = (await response.content.readline()).decode()
-        if line.startswith("data: "):
+        if line.startswith("data: ") and line.strip() != "data: [DONE]":
             event: dict[str, Any] = json.loads(line[len("data: ") :])
             return event
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,11 @@ def add_client_parsers(sub: Any) -> None:
         metavar="KEY",
         help="a retry with the same key shows the same response instead of starting another",
     )
+    ask.add_argument(
+        "--json-schema",
+        metavar="FILE|JSON",
+        help="structured output: the answer is JSON valid against this JSON Schema (a file, or the schema itself)",
+    )
     _request_flags(ask)
     ask.set_defaults(run=_ask, approvals="ask")
     attach = sub.add_parser(
@@ -122,6 +128,29 @@ def _tool_choice(value: str | None) -> pb.ToolChoice | None:
     return pb.ToolChoice(function=pb.NamedToolChoice(name=value))
 
 
+def _text_format(value: str | None) -> pb.TextConfig | None:
+    """--json-schema: a json_schema text format named after the schema's title or file."""
+    if not value:
+        return None
+    try:
+        inline = value.lstrip().startswith("{")
+        schema = json.loads(value if inline else Path(value).read_text())
+        if not isinstance(schema, dict):
+            raise ValueError("a JSON Schema is an object")
+        form = pb.JsonSchemaFormat(name=_format_name(schema.get("title"), "" if inline else Path(value).stem))
+        form.schema.update(schema)
+    except (OSError, ValueError) as error:
+        raise StartupError(f"--json-schema: {error}") from error
+    return pb.TextConfig(format=pb.TextFormat(json_schema=form))
+
+
+def _format_name(*candidates: object) -> str:
+    for name in candidates:
+        if isinstance(name, str) and (cleaned := re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64]):
+            return cleaned
+    return "answer"
+
+
 def _options(args: argparse.Namespace, metadata: tuple[tuple[str, str], ...]) -> Options:
     """The session's options; `attach` has no request flags (the request was made before)."""
     return Options(
@@ -163,7 +192,10 @@ async def _ask_async(args: argparse.Namespace, sessions: list[Session]) -> int:
             stub, _options(args, connection.metadata), connection.target, unreachable=connection.unreachable
         ) as session:
             sessions.append(session)
-            response = await session.run(session.request(items, args.previous))
+            request = session.request(items, args.previous)
+            if (text := _text_format(args.json_schema)) is not None:
+                request.text.CopyFrom(text)
+            response = await session.run(request)
             _hint(session, args.tools)
     return exit_code(response)
 
@@ -193,6 +225,8 @@ async def _ask_durable(
     )
     if (choice := _tool_choice(args.tool_choice)) is not None:
         request.tool_choice.CopyFrom(choice)
+    if (text := _text_format(args.json_schema)) is not None:
+        request.text.CopyFrom(text)
     request.input_items.items.extend(items)
     metadata = tuple(connection.metadata)
     if args.idempotency_key:

@@ -26,7 +26,7 @@ from antwort_grpc.engine.durable import Resumed
 from antwort_grpc.engine.emitter import ResponseEmitter, echoed_tools
 from antwort_grpc.engine.history import HISTORY_MAX_BYTES, History, load_history
 from antwort_grpc.engine.hook_gate import HookPoints, gate
-from antwort_grpc.engine.model_call import call_model, turn_request
+from antwort_grpc.engine.model_call import call_model, structured_format, turn_request
 from antwort_grpc.engine.outcomes import (
     Cancelled,
     ExecuteTools,
@@ -36,6 +36,7 @@ from antwort_grpc.engine.outcomes import (
     RequiresAction,
     RunAgain,
 )
+from antwort_grpc.engine.output_format import checked
 from antwort_grpc.engine.registry import RunRegistry
 from antwort_grpc.engine.request import input_items, new_response
 from antwort_grpc.engine.run import Continuation, Run, RunSetup, Stopped
@@ -313,6 +314,8 @@ class Engine:
                 async for event in turns.events():
                     yield event
                 outcome = turns.result
+                if run.request.HasField("text"):
+                    outcome = checked(structured_format(run.request), run.response.output, outcome)
             except Stopped:
                 outcome = run.stop_outcome()
             except ProviderError as err:

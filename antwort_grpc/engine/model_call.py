@@ -142,9 +142,17 @@ def turn_request(run: Run, turn: int, context: Sequence[pb.Item] | None = None) 
         ),
         temperature=request.temperature if request.HasField("temperature") else None,
         top_p=request.top_p if request.HasField("top_p") else None,
+        text_format=structured_format(request) if request.HasField("text") else None,
         coalesce=not request.delta_coalescing.disabled,
         max_hold=max_hold_of(request),
     )
+
+
+def structured_format(request: pb.CreateResponseRequest) -> pb.TextFormat | None:
+    """The request's text format when it asks for JSON (json_schema or json_object)."""
+    if not request.HasField("text") or request.text.format.WhichOneof("kind") in (None, "text"):
+        return None
+    return request.text.format
 
 
 # -- reading a call ------------------------------------------------------------------------------

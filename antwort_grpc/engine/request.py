@@ -75,4 +75,6 @@ def new_response(
         response.temperature = request.temperature
     if request.HasField("top_p"):
         response.top_p = request.top_p
+    if request.HasField("text"):
+        response.text.CopyFrom(request.text)
     return response

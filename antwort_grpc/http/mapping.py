@@ -183,10 +183,25 @@ def _truncation(request: pb.CreateResponseRequest, value: object) -> None:
 
 
 def _text(request: pb.CreateResponseRequest, value: object) -> None:
-    text = obj(value, "text")
-    form = text.get("format")
-    if form is not None and obj(form, "text.format").get("type", "text") != "text":
-        fail("text.format.type", "only 'text' is supported: the gateway does not constrain the model's output")
+    form = obj(value, "text").get("format")
+    if form is None:
+        return
+    entry = obj(form, "text.format")
+    kind = entry.get("type")
+    if kind == "text":
+        return  # the default: nothing to ask for
+    if kind == "json_object":
+        request.text.format.json_object.SetInParent()
+    elif kind == "json_schema":
+        wanted = request.text.format.json_schema
+        wanted.name = string(entry.get("name"), "text.format.name")
+        wanted.schema.update(obj(entry.get("schema"), "text.format.schema"))
+        wanted.description = optional_string(entry, "description", "text.format.description") or ""
+        strict = entry.get("strict")
+        if strict is not None:
+            wanted.strict = boolean(strict, "text.format.strict")
+    else:
+        fail("text.format.type", f"unknown text format {str(kind)[:64]!r}: text, json_schema, json_object")
 
 
 def _checked_only(
@@ -225,6 +240,8 @@ def item_from_json(value: object, param: str) -> pb.Item:
     kind = entry.get("type")
     if kind is None and "role" in entry:
         kind = "message"  # the spec's shorthand: {"role": …, "content": …}
+    elif kind is None and "id" in entry:
+        kind = "item_reference"  # the spec's ItemReferenceParam: its type may be left out
     reader = _ITEMS.get(kind) if isinstance(kind, str) else None
     if reader is None:
         known = ", ".join(repr(k) for k in _ITEMS)
@@ -236,6 +253,11 @@ def item_from_json(value: object, param: str) -> pb.Item:
     status = entry.get("status")
     if status is not None:
         item.status = one_of(status, f"{param}.status", ITEM_STATUSES)
+    if kind == "item_reference":
+        # The reference's id is the item it names, not an id of its own.
+        item.Clear()
+        item.item_reference.id = string(item_id, f"{param}.id")
+        return item
     reader(item, entry, param)
     return item
 
@@ -368,6 +390,7 @@ _ITEMS: dict[str, Callable[[pb.Item, JSON, str], None]] = {
     "mcp_approval_request": _approval_request,
     "mcp_approval_response": _approval_response,
     "compaction": _compaction,
+    "item_reference": lambda item, entry, param: None,  # read by item_from_json itself
 }
 
 
@@ -609,7 +632,7 @@ def response_json(response: pb.Response, background: bool = False) -> JSON:
         "tool_choice": tool_choice_json(response.tool_choice),
         "truncation": "auto" if response.truncation == pb.Truncation.TRUNCATION_AUTO else "disabled",
         "parallel_tool_calls": response.parallel_tool_calls,
-        "text": {"format": {"type": "text"}},
+        "text": text_json(response.text) if response.HasField("text") else PLAIN_TEXT,
         "top_p": response.top_p if response.HasField("top_p") else 1.0,
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
@@ -626,6 +649,29 @@ def response_json(response: pb.Response, background: bool = False) -> JSON:
         "safety_identifier": None,
         "prompt_cache_key": None,
     }
+
+
+PLAIN_TEXT: JSON = {"format": {"type": "text"}}
+
+
+def text_json(text: pb.TextConfig) -> JSON:
+    """The echoed text format. A json_schema's `schema` is null, as the spec's
+    JsonSchemaResponseFormat has it (the format is echoed whole over gRPC)."""
+    kind = text.format.WhichOneof("kind")
+    if kind == "json_object":
+        return {"format": {"type": "json_object"}}
+    if kind == "json_schema":
+        wanted = text.format.json_schema
+        return {
+            "format": {
+                "type": "json_schema",
+                "name": wanted.name,
+                "description": wanted.description or None,
+                "schema": None,
+                "strict": wanted.strict,
+            }
+        }
+    return {"format": {"type": "text"}}
 
 
 def input_items_json(page: pb.ListInputItemsResponse) -> JSON:

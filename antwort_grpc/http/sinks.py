@@ -102,6 +102,7 @@ class EventWriter:
         """What the handler returns: the stream, ended; else the JSON of the last event's response."""
         if self.response is not None:
             with contextlib.suppress(ConnectionError):
+                await self.response.write(b"data: [DONE]\n\n")  # the spec: every stream ends with it
                 await self.response.write_eof()
             return self.response
         last = self.last

@@ -44,7 +44,7 @@ IMAGE_DETAIL_LOW: ImageDetail
 IMAGE_DETAIL_HIGH: ImageDetail
 
 class Item(_message.Message):
-    __slots__ = ("id", "status", "message", "function_call", "function_call_output", "reasoning", "approval_request", "approval_response")
+    __slots__ = ("id", "status", "message", "function_call", "function_call_output", "reasoning", "approval_request", "approval_response", "item_reference")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,7 @@ class Item(_message.Message):
     REASONING_FIELD_NUMBER: _ClassVar[int]
     APPROVAL_REQUEST_FIELD_NUMBER: _ClassVar[int]
     APPROVAL_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    ITEM_REFERENCE_FIELD_NUMBER: _ClassVar[int]
     id: str
     status: ItemStatus
     message: Message
@@ -61,7 +62,8 @@ class Item(_message.Message):
     reasoning: Reasoning
     approval_request: ApprovalRequest
     approval_response: ApprovalResponse
-    def __init__(self, id: _Optional[str] = ..., status: _Optional[_Union[ItemStatus, str]] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., function_call: _Optional[_Union[FunctionCall, _Mapping]] = ..., function_call_output: _Optional[_Union[FunctionCallOutput, _Mapping]] = ..., reasoning: _Optional[_Union[Reasoning, _Mapping]] = ..., approval_request: _Optional[_Union[ApprovalRequest, _Mapping]] = ..., approval_response: _Optional[_Union[ApprovalResponse, _Mapping]] = ...) -> None: ...
+    item_reference: ItemReference
+    def __init__(self, id: _Optional[str] = ..., status: _Optional[_Union[ItemStatus, str]] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., function_call: _Optional[_Union[FunctionCall, _Mapping]] = ..., function_call_output: _Optional[_Union[FunctionCallOutput, _Mapping]] = ..., reasoning: _Optional[_Union[Reasoning, _Mapping]] = ..., approval_request: _Optional[_Union[ApprovalRequest, _Mapping]] = ..., approval_response: _Optional[_Union[ApprovalResponse, _Mapping]] = ..., item_reference: _Optional[_Union[ItemReference, _Mapping]] = ...) -> None: ...
 
 class Message(_message.Message):
     __slots__ = ("role", "content")
@@ -108,6 +110,12 @@ class InputImage(_message.Message):
     image_url: str
     detail: ImageDetail
     def __init__(self, image_url: _Optional[str] = ..., detail: _Optional[_Union[ImageDetail, str]] = ...) -> None: ...
+
+class ItemReference(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class FunctionCall(_message.Message):
     __slots__ = ("call_id", "name", "arguments")

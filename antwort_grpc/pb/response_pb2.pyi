@@ -4,6 +4,7 @@ import datetime
 from antwort_grpc.pb import item_pb2 as _item_pb2
 from antwort_grpc.pb import tool_pb2 as _tool_pb2
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -67,7 +68,7 @@ class IncompleteDetails(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Response(_message.Message):
-    __slots__ = ("id", "model", "status", "created_at", "completed_at", "output", "usage", "error", "incomplete_details", "previous_response_id", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "store", "metadata", "truncation", "omitted_items", "metrics")
+    __slots__ = ("id", "model", "status", "created_at", "completed_at", "output", "usage", "error", "incomplete_details", "previous_response_id", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "store", "metadata", "truncation", "omitted_items", "metrics", "text")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +98,7 @@ class Response(_message.Message):
     TRUNCATION_FIELD_NUMBER: _ClassVar[int]
     OMITTED_ITEMS_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: str
     status: ResponseStatus
@@ -119,7 +121,44 @@ class Response(_message.Message):
     truncation: Truncation
     omitted_items: int
     metrics: RunMetrics
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., status: _Optional[_Union[ResponseStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., output: _Optional[_Iterable[_Union[_item_pb2.Item, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., error: _Optional[_Union[ResponseError, _Mapping]] = ..., incomplete_details: _Optional[_Union[IncompleteDetails, _Mapping]] = ..., previous_response_id: _Optional[str] = ..., instructions: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_tool_pb2.Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_tool_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., max_output_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., store: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., omitted_items: _Optional[int] = ..., metrics: _Optional[_Union[RunMetrics, _Mapping]] = ...) -> None: ...
+    text: TextConfig
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., status: _Optional[_Union[ResponseStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., output: _Optional[_Iterable[_Union[_item_pb2.Item, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., error: _Optional[_Union[ResponseError, _Mapping]] = ..., incomplete_details: _Optional[_Union[IncompleteDetails, _Mapping]] = ..., previous_response_id: _Optional[str] = ..., instructions: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_tool_pb2.Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_tool_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., max_output_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., store: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., omitted_items: _Optional[int] = ..., metrics: _Optional[_Union[RunMetrics, _Mapping]] = ..., text: _Optional[_Union[TextConfig, _Mapping]] = ...) -> None: ...
+
+class TextConfig(_message.Message):
+    __slots__ = ("format",)
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    format: TextFormat
+    def __init__(self, format: _Optional[_Union[TextFormat, _Mapping]] = ...) -> None: ...
+
+class TextFormat(_message.Message):
+    __slots__ = ("text", "json_schema", "json_object")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
+    text: PlainTextFormat
+    json_schema: JsonSchemaFormat
+    json_object: JsonObjectFormat
+    def __init__(self, text: _Optional[_Union[PlainTextFormat, _Mapping]] = ..., json_schema: _Optional[_Union[JsonSchemaFormat, _Mapping]] = ..., json_object: _Optional[_Union[JsonObjectFormat, _Mapping]] = ...) -> None: ...
+
+class PlainTextFormat(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class JsonObjectFormat(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class JsonSchemaFormat(_message.Message):
+    __slots__ = ("name", "schema", "description", "strict")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    schema: _struct_pb2.Struct
+    description: str
+    strict: bool
+    def __init__(self, name: _Optional[str] = ..., schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., description: _Optional[str] = ..., strict: _Optional[bool] = ...) -> None: ...
 
 class RunMetrics(_message.Message):
     __slots__ = ("turns", "model_calls", "tool_calls", "tool_errors", "tool_timeouts", "model_time", "tool_time", "hook_time", "tools", "turn_metrics", "hook_calls", "hook_failures", "duration")

@@ -38,6 +38,8 @@ class TurnRequest:
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    # The form the answer's text must take (json_schema or json_object); None: plain text.
+    text_format: pb.TextFormat | None = None
     # Streaming: deltas of one part that are already waiting may be passed on as one
     # (providers/coalesce.py); `max_hold` seconds a delta may wait for more of its part.
     coalesce: bool = True

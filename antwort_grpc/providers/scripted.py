@@ -47,6 +47,7 @@ from antwort_grpc.providers.base import (
     TurnEnd,
     TurnRequest,
 )
+from antwort_grpc.structs import struct_json
 
 
 class ScriptError(ValueError):
@@ -228,11 +229,12 @@ class ToolCaller:
                 if item.WhichOneof("kind") != "function_call_output":
                     break
                 results.insert(0, item.function_call_output.output)
-            return Turn([Text(f"The tool answered: {' | '.join(results)}")])
+            return Turn([Text(_shaped(f"The tool answered: {' | '.join(results)}", request.text_format))])
         if request.tools:
             tool = request.tools[0]
             return Turn([Reasoning(f"I should call {tool.name}."), Call(tool.name, self.arguments_for(tool))])
-        return Turn([Text("Hello! I am a scripted stand-in for a model; offer me a tool and I will call it.")])
+        hello = "Hello! I am a scripted stand-in for a model; offer me a tool and I will call it."
+        return Turn([Text(_shaped(hello, request.text_format))])
 
     def arguments_for(self, tool: pb.FunctionTool) -> str:
         """The scripted arguments of this tool, completed with what its schema requires."""
@@ -323,3 +325,47 @@ def _turn_from_json(data: Any) -> Turn:
         error_after=int(data.get("error_after", 0)),
         delay=float(data.get("delay", 0.0)),
     )
+
+
+def _shaped(text: str, form: pb.TextFormat | None) -> str:
+    """The answer in the form the request asks for (structured output), as a model that follows
+    it would give: `{"answer": text}` for a JSON object, the plainest instance of a schema."""
+    if form is None or form.WhichOneof("kind") not in ("json_object", "json_schema"):
+        return text
+    if form.WhichOneof("kind") == "json_object":
+        return json.dumps({"answer": text})
+    return json.dumps(_instance(json.loads(struct_json(form.json_schema.schema)), text))
+
+
+def _instance(schema: Any, text: str, depth: int = 0) -> Any:
+    """A value `schema` accepts, for the common shapes (enum, const, the JSON types, the first of
+    anyOf/oneOf); strings say `text`."""
+    if not isinstance(schema, dict) or depth > 16:
+        return None
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for choice in ("anyOf", "oneOf"):
+        if schema.get(choice):
+            return _instance(schema[choice][0], text, depth + 1)
+    kind = schema.get("type", "object")
+    kind = kind[0] if isinstance(kind, list) and kind else kind
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        names = schema.get("required") or list(properties)
+        return {name: _instance(properties.get(name, {}), text, depth + 1) for name in names}
+    if kind == "array":
+        return [_instance(schema.get("items", {}), text, depth + 1) for _ in range(int(schema.get("minItems", 0)))]
+    return _scalar(kind, schema, text)
+
+
+def _scalar(kind: object, schema: dict[str, Any], text: str) -> Any:
+    if kind in ("integer", "number"):
+        least = schema.get("minimum", 0)
+        return int(least) if kind == "integer" else float(least)
+    if kind == "boolean":
+        return False
+    if kind == "string":
+        return text[: int(schema.get("maxLength", len(text)))]
+    return None

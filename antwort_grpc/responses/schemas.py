@@ -20,6 +20,8 @@ from google.protobuf import struct_pb2
 from jsonschema.validators import Draft4Validator, Draft6Validator, Draft7Validator, Draft201909Validator
 from jsonschema.validators import Draft202012Validator as Latest
 
+from antwort_grpc.engine.output_format import compile_schema
+from antwort_grpc.errors import shorten
 from antwort_grpc.offload import in_process
 from antwort_grpc.structs import digest, json_depth, remember, struct_to_dict
 
@@ -53,8 +55,10 @@ def _meta_for(uri: object) -> Any:
 
 CACHE_SIZE = 4096
 
-# Keyed by a digest of the serialized schema (and the depth limit), so the cache holds no schemas.
-_cache: OrderedDict[tuple[bytes, int], str] = OrderedDict()
+# Keyed by a digest of the serialized schema, the depth limit and whether it is an arguments
+# schema (a tool's, which must describe an object), so the cache holds no schemas.
+_Key = tuple[bytes, int, bool]
+_cache: OrderedDict[_Key, str] = OrderedDict()
 # Large requests are checked in worker threads.
 _lock = threading.Lock()
 
@@ -64,24 +68,36 @@ def parameters_problem(parameters: struct_pb2.Struct, *, max_bytes: int, max_dep
     return parameters_problems([parameters], max_bytes=max_bytes, max_depth=max_depth)[0]
 
 
+def format_schema_problem(schema: struct_pb2.Struct, *, max_bytes: int, max_depth: int) -> str:
+    """Why `schema` cannot be a text format's JSON Schema ("" when it can): the limits of a tool's
+    parameters, but any type of value may be asked for."""
+    return parameters_problems([schema], max_bytes=max_bytes, max_depth=max_depth, arguments=False)[0]
+
+
 # Schemas not seen before, this many bytes of them or more together, are checked in the worker
 # process when the caller may wait for it (`in_worker`): about 40 ms of Python walking them.
 IN_PROCESS_BYTES = 256 * 1024
 
 
 def parameters_problems(
-    schemas: Sequence[struct_pb2.Struct], *, max_bytes: int, max_depth: int, in_worker: bool = False
+    schemas: Sequence[struct_pb2.Struct],
+    *,
+    max_bytes: int,
+    max_depth: int,
+    in_worker: bool = False,
+    arguments: bool = True,
 ) -> list[str]:
     """parameters_problem of each of `schemas`. `in_worker`: the caller is the worker thread
-    (offload.off_loop), which may wait for the worker process to check many unseen ones."""
+    (offload.off_loop), which may wait for the worker process to check many unseen ones.
+    `arguments` False: any JSON Schema (format_schema_problem)."""
     verdicts = [""] * len(schemas)
-    unseen: list[tuple[int, tuple[bytes, int], bytes]] = []
+    unseen: list[tuple[int, _Key, bytes]] = []
     for n, parameters in enumerate(schemas):
         data = parameters.SerializeToString(deterministic=True)
         if len(data) > max_bytes:
             verdicts[n] = f"at most {max_bytes} bytes serialized (this one is {len(data)})"
             continue
-        key = (digest(data), max_depth)
+        key = (digest(data), max_depth, arguments)
         with _lock:
             verdict = _cache.get(key)
             if verdict is not None:
@@ -90,18 +106,18 @@ def parameters_problems(
                 continue
         unseen.append((n, key, data))
     if in_worker and sum(len(data) for _, _, data in unseen) >= IN_PROCESS_BYTES:
-        found = in_process(check_serialized, [data for _, _, data in unseen], max_depth)
+        found = in_process(check_serialized, [data for _, _, data in unseen], max_depth, arguments)
         for (n, key, _), (verdict, text) in zip(unseen, found, strict=True):
             if text:
                 remember(key[0], text)
             verdicts[n] = _keep(key, verdict)
     else:
         for n, key, _ in unseen:
-            verdicts[n] = _keep(key, _check(schemas[n], key[0], max_depth))
+            verdicts[n] = _keep(key, _check(schemas[n], key[0], max_depth, arguments))
     return verdicts
 
 
-def _keep(key: tuple[bytes, int], verdict: str) -> str:
+def _keep(key: _Key, verdict: str) -> str:
     with _lock:
         _cache[key] = verdict
         while len(_cache) > CACHE_SIZE:
@@ -109,21 +125,21 @@ def _keep(key: tuple[bytes, int], verdict: str) -> str:
     return verdict
 
 
-def check_serialized(schemas: list[bytes], max_depth: int) -> list[tuple[str, str]]:
+def check_serialized(schemas: list[bytes], max_depth: int, arguments: bool = True) -> list[tuple[str, str]]:
     """In the worker process: the verdict and the JSON text ("" when it has none) of each
     serialized schema."""
-    return [_examine(struct_pb2.Struct.FromString(data), max_depth) for data in schemas]
+    return [_examine(struct_pb2.Struct.FromString(data), max_depth, arguments) for data in schemas]
 
 
-def _check(parameters: struct_pb2.Struct, key: bytes, max_depth: int) -> str:
-    verdict, text = _examine(parameters, max_depth)
+def _check(parameters: struct_pb2.Struct, key: bytes, max_depth: int, arguments: bool) -> str:
+    verdict, text = _examine(parameters, max_depth, arguments)
     if text:
         # The model calls that send this schema take its JSON text from there.
         remember(key, text)
     return verdict
 
 
-def _examine(parameters: struct_pb2.Struct, max_depth: int) -> tuple[str, str]:
+def _examine(parameters: struct_pb2.Struct, max_depth: int, arguments: bool = True) -> tuple[str, str]:
     try:
         schema = struct_to_dict(parameters)
     except ValueError as err:
@@ -133,12 +149,13 @@ def _examine(parameters: struct_pb2.Struct, max_depth: int) -> tuple[str, str]:
     text = json.dumps(schema)
     if json_depth(text) > max_depth:
         return f"nested at most {max_depth} levels deep", text
-    return schema_problem(schema), text
+    return schema_problem(schema, arguments), text
 
 
-def schema_problem(schema: dict[str, object]) -> str:
-    """Why `schema` is not a usable JSON Schema for function arguments ("" when it is)."""
-    if schema.get("type", "object") != "object":
+def schema_problem(schema: dict[str, object], arguments: bool = True) -> str:
+    """Why `schema` is not a usable JSON Schema for function arguments ("" when it is);
+    `arguments` False: for any value."""
+    if arguments and schema.get("type", "object") != "object":
         return "the arguments schema must have type 'object'"
     if not isinstance(schema.get("$schema", ""), str):
         return "'$schema' must be a string (a meta-schema URI)"
@@ -152,4 +169,11 @@ def schema_problem(schema: dict[str, object]) -> str:
     if error is not None:
         path = "/".join(str(p) for p in error.instance_path)
         return f"not a valid JSON Schema: {error.message}" + (f" (at {path})" if path else "")
+    if not arguments:
+        # The answer is checked against it: a schema that cannot be compiled (a `$ref` to
+        # something outside it) is refused now rather than failing the response at its end.
+        try:
+            compile_schema(schema)
+        except ValueError as err:
+            return f"not a usable JSON Schema: {shorten(str(err), 200)}"
     return ""

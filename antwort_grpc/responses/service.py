@@ -22,6 +22,7 @@ from antwort_grpc.hooks.service import Caller
 from antwort_grpc.providers.base import Capabilities
 from antwort_grpc.responses.admission import hook_run
 from antwort_grpc.responses.controls import check_control
+from antwort_grpc.responses.references import references, resolve_references
 from antwort_grpc.responses.request_limits import DEFAULT_LIMITS, Limits
 from antwort_grpc.responses.servable import check_servable
 from antwort_grpc.responses.validation import check_create, check_id, validate_create, validate_policy
@@ -70,9 +71,13 @@ class Responses:
         id to give it (responses/durable.py binds an idempotency key to it first)."""
         await self.check(request)
         server = self.engine.server_limits
+        if request.WhichOneof("input") == "input_items" and (positions := references(request)):
+            request = await resolve_references(request, positions, self.store, owner)
 
         def problems(replaced: pb.CreateResponseRequest) -> list[str]:
             found = validate_create(replaced, self.limits) + validate_policy(replaced, server)
+            if references(replaced):
+                found.append(FieldViolation("input_items", "a hook's request cannot hold item references"))
             return [f"{v.field}: {v.description}" for v in found]
 
         hooks = hook_run(self.engine.config.hooks, request, caller, owner)

@@ -18,7 +18,7 @@ from antwort_grpc.errors import FieldViolation, invalid_argument, shorten
 from antwort_grpc.offload import off_loop
 from antwort_grpc.providers import coalesce
 from antwort_grpc.responses.request_limits import DEFAULT_LIMITS, MAX_ID_CHARS, Limits
-from antwort_grpc.responses.schemas import parameters_problems
+from antwort_grpc.responses.schemas import format_schema_problem, parameters_problems
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_LABEL_CHARS = 64
@@ -49,6 +49,8 @@ def validate_create(
     check_id("previous_response_id", request.previous_response_id, v)
     _check_input(request, limits, v)
     _check_request_tools(request, limits, v, in_worker)
+    if request.HasField("text"):
+        _check_text(request.text, limits, v)
     if request.HasField("max_output_tokens") and request.max_output_tokens <= 0:
         v.append(FieldViolation("max_output_tokens", "must be positive"))
     if request.HasField("temperature") and not 0.0 <= request.temperature <= 2.0:
@@ -59,15 +61,19 @@ def validate_create(
         _check_duration(request.delta_coalescing.max_hold, "delta_coalescing.max_hold", coalesce.MAX_HOLD, v)
     if request.background and request.HasField("store") and not request.store:
         v.append(FieldViolation("background", "a background response is stored: it needs store (true or unset)"))
+    _check_metadata(request, limits, v)
+    return v
+
+
+def _check_metadata(request: pb.CreateResponseRequest, limits: Limits, v: list[FieldViolation]) -> None:
     if len(request.metadata) > limits.max_metadata:
         v.append(FieldViolation("metadata", f"at most {limits.max_metadata} entries"))
-    else:
-        for key, value in request.metadata.items():
-            if len(key) > 64:
-                v.append(FieldViolation(f"metadata[{shorten(key, 20)}]", "keys are at most 64 characters"))
-            if len(value) > 512:
-                v.append(FieldViolation(f"metadata[{shorten(key, 20)}]", "values are at most 512 characters"))
-    return v
+        return
+    for key, value in request.metadata.items():
+        if len(key) > 64:
+            v.append(FieldViolation(f"metadata[{shorten(key, 20)}]", "keys are at most 64 characters"))
+        if len(value) > 512:
+            v.append(FieldViolation(f"metadata[{shorten(key, 20)}]", "values are at most 512 characters"))
 
 
 def _check_request_tools(
@@ -116,7 +122,11 @@ def _check_item(item: pb.Item, at: str, v: list[FieldViolation]) -> None:
     kind = item.WhichOneof("kind")
     check_id(f"{at}.id", item.id, v)
     if kind is None:
-        v.append(FieldViolation(at, "an item needs one of message, function_call, function_call_output, reasoning"))
+        v.append(
+            FieldViolation(
+                at, "an item needs one of message, function_call, function_call_output, reasoning, item_reference"
+            )
+        )
     elif kind == "message":
         if item.message.role == pb.Role.ROLE_UNSPECIFIED:
             v.append(FieldViolation(f"{at}.message.role", "required"))
@@ -128,7 +138,13 @@ def _check_item(item: pb.Item, at: str, v: list[FieldViolation]) -> None:
                 v.append(FieldViolation(f"{at}.message.content[{m}]", "a content part needs a kind"))
             elif which == "input_image" and not part.input_image.image_url:
                 v.append(FieldViolation(f"{at}.message.content[{m}].input_image.image_url", "required"))
-    elif kind == "function_call":
+    else:
+        _check_other_item(item, kind, at, v)
+
+
+def _check_other_item(item: pb.Item, kind: str, at: str, v: list[FieldViolation]) -> None:
+    """An item that is not a message: the ids that pair or name it."""
+    if kind == "function_call":
         if not item.function_call.call_id:
             v.append(FieldViolation(f"{at}.function_call.call_id", "required"))
         check_id(f"{at}.function_call.call_id", item.function_call.call_id, v)
@@ -138,6 +154,28 @@ def _check_item(item: pb.Item, at: str, v: list[FieldViolation]) -> None:
         if not item.function_call_output.call_id:
             v.append(FieldViolation(f"{at}.function_call_output.call_id", "required"))
         check_id(f"{at}.function_call_output.call_id", item.function_call_output.call_id, v)
+    elif kind == "item_reference":
+        if not item.item_reference.id:
+            v.append(FieldViolation(f"{at}.item_reference.id", "required: the id of an item of a stored response"))
+        check_id(f"{at}.item_reference.id", item.item_reference.id, v)
+
+
+def _check_text(text: pb.TextConfig, limits: Limits, v: list[FieldViolation]) -> None:
+    """A json_schema format: its name, and its schema within the limits of a tool's parameters."""
+    if text.format.WhichOneof("kind") != "json_schema":
+        return
+    form = text.format.json_schema
+    at = "text.format.json_schema"
+    if not _NAME.match(form.name):
+        v.append(FieldViolation(f"{at}.name", "required: 1-64 characters of a-z, A-Z, 0-9, _ and -"))
+    if len(form.description) > limits.max_schema_bytes:
+        v.append(FieldViolation(f"{at}.description", f"at most {limits.max_schema_bytes} characters"))
+    if not form.HasField("schema"):
+        v.append(FieldViolation(f"{at}.schema", "required: the JSON Schema the answer must be valid against"))
+        return
+    problem = format_schema_problem(form.schema, max_bytes=limits.max_schema_bytes, max_depth=limits.max_schema_depth)
+    if problem:
+        v.append(FieldViolation(f"{at}.schema", problem))
 
 
 def _check_tools(tools: Sequence[pb.Tool], limits: Limits, v: list[FieldViolation], in_worker: bool) -> set[str]:

@@ -6,7 +6,7 @@ context walks that chain (see engine.history).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -48,6 +48,17 @@ class ResponseStore(Protocol):
         self, response_id: str, *, limit: int, after: str, descending: bool, owner: str = ""
     ) -> ItemPage | None:
         """None when the response does not exist (for this owner)."""
+        ...
+
+
+@runtime_checkable
+class ItemLookup(Protocol):
+    """Items of stored responses by id: what an input's item references name."""
+
+    async def find_items(self, item_ids: Sequence[str], owner: str = "") -> dict[str, pb.Item]:
+        """The items with these ids among `owner`'s stored responses that have ended (an input or
+        an output item; the latest response that holds one), by id. An id found nowhere, or only
+        in another owner's or an expired response, is missing from the answer."""
         ...
 
 

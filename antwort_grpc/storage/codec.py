@@ -26,9 +26,34 @@ class Row:
     expires_at: float | None
     response: bytes
     input_items: bytes
+    # The ids of its items, once it has ended: what item references find it by.
+    item_ids: tuple[str, ...] = ()
 
 
-def to_row(record: StoredResponse, options: StoreOptions) -> Row:
+def indexed_ids(record: StoredResponse) -> tuple[str, ...]:
+    """The ids an ended response is found by (its input and output items; none while it runs:
+    an item is referable once its response has ended)."""
+    if record.response.status in RUNNING:
+        return ()
+    ids = dict.fromkeys(item.id for item in record.input_items)
+    ids.update(dict.fromkeys(item.id for item in record.response.output))
+    ids.pop("", None)
+    return tuple(ids)
+
+
+def find_item(record: StoredResponse, item_id: str) -> pb.Item | None:
+    """The item of `record` with this id: an output item, else an input item."""
+    for item in record.response.output:
+        if item.id == item_id:
+            return item
+    for item in record.input_items:
+        if item.id == item_id:
+            return item
+    return None
+
+
+def to_row(record: StoredResponse, options: StoreOptions, *, index: bool = True) -> Row:
+    """`index`: with the ids an item reference finds the response by (indexed_ids)."""
     response = record.response
     now = options.clock()
     created = response.created_at.ToNanoseconds() / 1e9 if response.HasField("created_at") else now
@@ -42,6 +67,7 @@ def to_row(record: StoredResponse, options: StoreOptions) -> Row:
         expires_at=options.expires_at(now),
         response=response.SerializeToString(),
         input_items=encode_items(record.input_items),
+        item_ids=indexed_ids(record) if index else (),
     )
 
 

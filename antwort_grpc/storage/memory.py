@@ -5,12 +5,12 @@ oldest finished responses (by first save) are evicted; running ones never are.""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from antwort_grpc import pb
 from antwort_grpc.storage.base import RUNNING, ItemPage, StoredResponse
-from antwort_grpc.storage.codec import mark_interrupted, page_items
+from antwort_grpc.storage.codec import find_item, indexed_ids, mark_interrupted, page_items
 from antwort_grpc.storage.maintenance import CancelCallbacks
 from antwort_grpc.storage.options import StoreOptions
 from antwort_grpc.storage.runlog_memory import MemoryRunLog, RunTables
@@ -36,17 +36,45 @@ class MemoryDatabase:
     size: int = 0
     # Background runs: event logs, checkpoints, leases, idempotency keys (runlog_memory.py).
     runs: RunTables = field(default_factory=RunTables)
+    # (owner, item id) -> the ended responses that hold the item, the latest last. Built at the
+    # first lookup and kept from then on: a process whose clients never refer to items pays nothing.
+    items: dict[tuple[str, str], dict[str, None]] | None = None
 
     def put(self, key: str, entry: _Entry, max_entries: int, max_bytes: int) -> None:
         """Keep `entry` under `key`, then evict down to the bounds (one call per save)."""
         old = self.entries.get(key)
         self.size += entry.size - (old.size if old is not None else 0)
         self.entries[key] = entry
+        if self.items is not None:
+            self._index(key, entry)
         if len(self.entries) > max_entries or self.size > max_bytes:
             self._evict(max_entries, max_bytes)
 
     def remove(self, key: str) -> None:
-        self.size -= self.entries.pop(key).size
+        entry = self.entries.pop(key)
+        self.size -= entry.size
+        if self.items is None:
+            return
+        for item_id in indexed_ids(entry.record):
+            holders = self.items.get((entry.record.owner, item_id))
+            if holders is not None:
+                holders.pop(key, None)
+                if not holders:
+                    del self.items[(entry.record.owner, item_id)]
+
+    def item_index(self) -> dict[tuple[str, str], dict[str, None]]:
+        if self.items is None:
+            self.items = {}
+            for key, entry in self.entries.items():
+                self._index(key, entry)
+        return self.items
+
+    def _index(self, key: str, entry: _Entry) -> None:
+        assert self.items is not None
+        for item_id in indexed_ids(entry.record):
+            holders = self.items.setdefault((entry.record.owner, item_id), {})
+            holders.pop(key, None)
+            holders[key] = None
 
     def _evict(self, max_entries: int, max_bytes: int) -> None:
         """Drop the oldest finished entries until both bounds hold (or only running ones are left)."""
@@ -111,6 +139,19 @@ class MemoryStore:
         if entry is None:
             return None
         return page_items(entry.record.input_items, limit=limit, after=after, descending=descending)
+
+    async def find_items(self, item_ids: Sequence[str], owner: str = "") -> dict[str, pb.Item]:
+        found: dict[str, pb.Item] = {}
+        index = self.database.item_index()
+        for item_id in item_ids:
+            for response_id in reversed(index.get((owner, item_id), {})):
+                entry = self._live(response_id, owner)
+                item = find_item(entry.record, item_id) if entry is not None else None
+                if item is not None:
+                    found[item_id] = pb.Item()
+                    found[item_id].CopyFrom(item)
+                    break
+        return found
 
     async def purge_expired(self) -> int:
         expired = [

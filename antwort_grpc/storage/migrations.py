@@ -71,6 +71,22 @@ SQLITE: list[tuple[str, ...]] = [
             PRIMARY KEY (owner, key)
         )""",
     ),
+    (
+        # Which ended responses hold an item (input or output), by the item's id: what an input's
+        # item_reference is found by. Rows go with their response (the trigger). Kept only once a
+        # client has referred to an item (the `items_indexed` setting; the store then indexes what
+        # it holds already): a database whose clients never do pays nothing for it.
+        "CREATE TABLE antwort_settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        """CREATE TABLE antwort_items (
+            owner TEXT NOT NULL,
+            item_id TEXT NOT NULL,
+            response_id TEXT NOT NULL,
+            PRIMARY KEY (owner, item_id, response_id)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX antwort_items_response ON antwort_items (response_id)",
+        """CREATE TRIGGER antwort_items_gone AFTER DELETE ON antwort_responses
+            BEGIN DELETE FROM antwort_items WHERE response_id = old.id; END""",
+    ),
 ]
 
 POSTGRES: list[tuple[str, ...]] = [
@@ -139,6 +155,18 @@ POSTGRES: list[tuple[str, ...]] = [
             expires_at DOUBLE PRECISION NOT NULL,
             PRIMARY KEY (owner, key)
         )""",
+    ),
+    (
+        # As SQLite's version 3: which ended responses hold an item, for item references, kept
+        # only once a client has referred to an item (the `items_indexed` setting).
+        "CREATE TABLE antwort_settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        """CREATE TABLE antwort_items (
+            owner TEXT NOT NULL,
+            item_id TEXT NOT NULL,
+            response_id TEXT NOT NULL REFERENCES antwort_responses (id) ON DELETE CASCADE,
+            PRIMARY KEY (owner, item_id, response_id)
+        )""",
+        "CREATE INDEX antwort_items_response ON antwort_items (response_id)",
     ),
 ]
 

@@ -27,8 +27,9 @@ The session connection must be a real session: through a pooler in transaction m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -36,7 +37,16 @@ import asyncpg
 
 from antwort_grpc import pb
 from antwort_grpc.storage.base import StoredResponse
-from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, InputItemsInTheRow, from_row, interrupted, to_row
+from antwort_grpc.storage.codec import (
+    FAILED,
+    RUNNING_SQL,
+    InputItemsInTheRow,
+    find_item,
+    from_row,
+    indexed_ids,
+    interrupted,
+    to_row,
+)
 from antwort_grpc.storage.maintenance import CancelCallbacks, start_upkeep
 from antwort_grpc.storage.migrations import migrate_postgres
 from antwort_grpc.storage.options import StoreOptions
@@ -77,6 +87,23 @@ _UPSERT = f"""INSERT INTO antwort_responses
         expires_at = excluded.expires_at, instance = excluded.instance, response = excluded.response,
         input_items = excluded.input_items
     WHERE antwort_responses.status IN {RUNNING_SQL} OR excluded.status NOT IN {RUNNING_SQL}"""
+# An ended response: saved, and the ids of its items indexed once a client has referred to an
+# item in this database (any replica), in one statement (one round trip).
+_ITEMS_INDEXED = "items_indexed"
+_ITEMS_BACKFILLED = "items_backfilled"
+_UPSERT_INDEXED = f"""WITH saved AS ({_UPSERT} RETURNING id)
+    INSERT INTO antwort_items (owner, item_id, response_id)
+    SELECT $2, item_id, saved.id FROM saved, unnest($10::text[]) AS item_id
+    WHERE EXISTS (SELECT 1 FROM antwort_settings WHERE name = '{_ITEMS_INDEXED}')
+    ON CONFLICT DO NOTHING"""
+# Serializes the replicas that switch the index on.
+_INDEXING_LOCK = 0x616E7478
+# The latest live response of the owner holding each item.
+_HOLDERS = """SELECT DISTINCT ON (i.item_id) i.item_id, r.id, r.response, r.input_items FROM antwort_items i
+    JOIN antwort_responses r ON r.id = i.response_id
+    WHERE i.owner = $1 AND i.item_id = ANY($2::text[]) AND r.owner = i.owner
+        AND (r.expires_at IS NULL OR r.expires_at > $3)
+    ORDER BY i.item_id, r.created_at DESC"""
 
 
 def _ts(seconds: float | None) -> datetime | None:
@@ -103,6 +130,8 @@ class PostgresStore(InputItemsInTheRow):
         self._session: Connection | None = None
         self._task: asyncio.Task[None] | None = None
         self.runlog = PostgresRunLog(pool, options)
+        # The index of items is complete (the switch is on and what was stored before is in it).
+        self._items_indexed = False
 
     @classmethod
     async def open(cls, url: str, options: StoreOptions | None = None, *, pool_size: int = 10) -> PostgresStore:
@@ -146,8 +175,9 @@ class PostgresStore(InputItemsInTheRow):
 
     async def save(self, record: StoredResponse) -> None:
         row = to_row(record, self.options)
+        indexed = (list(row.item_ids),) if row.item_ids else ()
         await self.pool.execute(
-            _UPSERT,
+            _UPSERT_INDEXED if indexed else _UPSERT,
             row.id,
             row.owner,
             row.status,
@@ -157,6 +187,7 @@ class PostgresStore(InputItemsInTheRow):
             self.options.instance_id,
             row.response,
             row.input_items,
+            *indexed,
         )
 
     async def get(self, response_id: str, owner: str = "") -> StoredResponse | None:
@@ -176,6 +207,38 @@ class PostgresStore(InputItemsInTheRow):
             _ts(self.options.clock()),
         )
         return status != "DELETE 0"
+
+    async def find_items(self, item_ids: Sequence[str], owner: str = "") -> dict[str, pb.Item]:
+        if not self._items_indexed:
+            await self._index_items()
+        rows = await self.pool.fetch(_HOLDERS, owner, list(item_ids), _ts(self.options.clock()))
+        found: dict[str, pb.Item] = {}
+        decoded: dict[str, StoredResponse] = {}
+        for row in rows:
+            key = row["id"]
+            record = decoded.get(key) or decoded.setdefault(key, from_row(row["response"], row["input_items"], owner))
+            item = find_item(record, row["item_id"])
+            if item is not None:
+                found[row["item_id"]] = item
+        return found
+
+    async def _index_items(self) -> None:
+        """From the first item reference on (on any replica): final saves index their items, and
+        what was stored before is indexed once. The switch is committed before that indexing
+        reads, so a save that commits after its snapshot indexes itself."""
+        async with self.pool.acquire() as conn:
+            await conn.execute("SELECT pg_advisory_lock($1)", _INDEXING_LOCK)
+            try:
+                done = await conn.fetchval("SELECT 1 FROM antwort_settings WHERE name = $1", _ITEMS_BACKFILLED)
+                if done is None:
+                    await conn.execute(_SETTING, _ITEMS_INDEXED)
+                    await _await_older_transactions(conn)
+                    async with conn.transaction():
+                        await _index_stored(conn)
+                        await conn.execute(_SETTING, _ITEMS_BACKFILLED)
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock($1)", _INDEXING_LOCK)
+        self._items_indexed = True
 
     # -- liveness and the sweep -----------------------------------------------------------------
 
@@ -341,6 +404,41 @@ class PostgresStore(InputItemsInTheRow):
             )
         except Exception:
             log.exception("answering control %s failed", control_id)
+
+
+_SETTING = "INSERT INTO antwort_settings (name, value) VALUES ($1, '1') ON CONFLICT DO NOTHING"
+# How long the indexing waits for the transactions that began before the switch.
+OLDER_WAIT = 5.0
+
+
+async def _await_older_transactions(conn: AnyConnection) -> None:
+    """Wait (a while at most) until every transaction that began before now has ended: a save
+    whose statement started before the switch was committed (so did not index itself) is then
+    visible to the indexing that follows."""
+    horizon = await conn.fetchval("SELECT pg_snapshot_xmax(pg_current_snapshot())::text")
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(OLDER_WAIT):
+            sql = "SELECT pg_snapshot_xmin(pg_current_snapshot()) < $1::text::xid8"
+            while True:
+                if not await conn.fetchval(sql, horizon):
+                    return
+                await asyncio.sleep(0.01)  # nothing to wait on but the database's own view
+
+
+async def _index_stored(conn: AnyConnection) -> None:
+    """Index the items of every ended response stored (inside the caller's transaction)."""
+    async for row in conn.cursor(
+        f"SELECT id, owner, response, input_items FROM antwort_responses WHERE status NOT IN {RUNNING_SQL}"
+    ):
+        ids = indexed_ids(from_row(row["response"], row["input_items"], row["owner"]))
+        if ids:
+            await conn.execute(
+                "INSERT INTO antwort_items (owner, item_id, response_id) SELECT $1, unnest($2::text[]), $3 "
+                "ON CONFLICT DO NOTHING",
+                row["owner"],
+                list(ids),
+                row["id"],
+            )
 
 
 async def _mark_instance(conn: AnyConnection, instance: str) -> int:

@@ -15,11 +15,22 @@ import fcntl
 import logging
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from antwort_grpc import pb
 from antwort_grpc.storage.base import StoredResponse
-from antwort_grpc.storage.codec import FAILED, RUNNING_SQL, InputItemsInTheRow, Row, from_row, interrupted, to_row
+from antwort_grpc.storage.codec import (
+    FAILED,
+    RUNNING_SQL,
+    InputItemsInTheRow,
+    Row,
+    find_item,
+    from_row,
+    indexed_ids,
+    interrupted,
+    to_row,
+)
 from antwort_grpc.storage.maintenance import CancelCallbacks, start_upkeep
 from antwort_grpc.storage.migrations import migrate_sqlite
 from antwort_grpc.storage.options import StoreOptions
@@ -38,6 +49,11 @@ _UPSERT = f"""INSERT INTO antwort_responses
         previous_response_id = excluded.previous_response_id, created_at = excluded.created_at,
         expires_at = excluded.expires_at, response = excluded.response, input_items = excluded.input_items
     WHERE antwort_responses.status IN {RUNNING_SQL} OR excluded.status NOT IN {RUNNING_SQL}"""
+# The latest live response of the owner that holds an item.
+_HOLDER = """SELECT r.id, r.response, r.input_items FROM antwort_items i
+    JOIN antwort_responses r ON r.id = i.response_id
+    WHERE i.owner = ? AND i.item_id = ? AND r.owner = i.owner AND (r.expires_at IS NULL OR r.expires_at > ?)
+    ORDER BY r.created_at DESC LIMIT 1"""
 
 
 class StoreInUse(RuntimeError):
@@ -81,6 +97,10 @@ class SQLiteStore(InputItemsInTheRow):
         self._cancels = CancelCallbacks()
         self._task: asyncio.Task[None] | None = None
         self.runlog = SQLiteRunLog(writer, reader, options)
+        # Whether saves index their items (a client has referred to one in this database), and
+        # the indexing of what was stored before, while it runs.
+        self._items_indexed = False
+        self._indexing: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, path: Path, options: StoreOptions | None = None, *, synchronous: str = "NORMAL") -> SQLiteStore:
@@ -100,6 +120,7 @@ class SQLiteStore(InputItemsInTheRow):
             os.close(lock)
             raise
         store = cls(path, options, writer, reader, lock)
+        store._items_indexed = await reader.run(_items_indexed)
         marked = await store._mark_running_interrupted()
         if marked:
             log.warning("marked %d responses interrupted: left in progress by a gateway that stopped", marked)
@@ -118,7 +139,9 @@ class SQLiteStore(InputItemsInTheRow):
     # -- ResponseStore ------------------------------------------------------------------------
 
     async def save(self, record: StoredResponse) -> None:
-        row = to_row(record, self.options)
+        # The row is made and queued in one step: a save made before indexing began is written
+        # before the indexing of what is stored, one made after carries its ids.
+        row = to_row(record, self.options, index=self._items_indexed)
         await self.writer.run(lambda conn: _upsert(conn, row))
 
     async def get(self, response_id: str, owner: str = "") -> StoredResponse | None:
@@ -143,6 +166,42 @@ class SQLiteStore(InputItemsInTheRow):
             return cursor.rowcount > 0
 
         return await self.writer.run(delete)
+
+    async def find_items(self, item_ids: Sequence[str], owner: str = "") -> dict[str, pb.Item]:
+        if not self._items_indexed or self._indexing is not None:
+            await self._index_items()
+        now = self.options.clock()
+
+        def read(conn: sqlite3.Connection) -> dict[str, pb.Item]:
+            found: dict[str, pb.Item] = {}
+            decoded: dict[str, StoredResponse] = {}
+            for item_id in item_ids:
+                row = conn.execute(_HOLDER, (owner, item_id, now)).fetchone()
+                if row is None:
+                    continue
+                record = decoded.get(row[0]) or decoded.setdefault(row[0], from_row(row[1], row[2], owner))
+                item = find_item(record, item_id)
+                if item is not None:
+                    found[item_id] = item
+            return found
+
+        return await self.reader.run(read)
+
+    async def _index_items(self) -> None:
+        """From the first item reference on: saves index their items, and what is stored already
+        is indexed once (one transaction in the writer, before any save made after it)."""
+        if self._indexing is None:
+            self._items_indexed = True
+            self._indexing = asyncio.ensure_future(self.writer.run(_index_stored, alone=True))
+        indexing = self._indexing
+        try:
+            await asyncio.shield(indexing)
+        except BaseException:
+            if indexing.done() and not indexing.cancelled() and indexing.exception() is not None:
+                self._items_indexed = False  # the next lookup tries again
+                self._indexing = None
+            raise
+        self._indexing = None
 
     # -- upkeep and cancel ----------------------------------------------------------------------
 
@@ -184,6 +243,34 @@ class SQLiteStore(InputItemsInTheRow):
         return self._cancels.add(callback)
 
 
+_ITEMS_INDEXED = "items_indexed"
+
+
+def _items_indexed(conn: sqlite3.Connection) -> bool:
+    sql = "SELECT 1 FROM antwort_settings WHERE name = ?"
+    return conn.execute(sql, (_ITEMS_INDEXED,)).fetchone() is not None
+
+
+def _index_stored(conn: sqlite3.Connection) -> None:
+    """Index the items of every ended response stored, and say that saves index theirs."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("INSERT OR IGNORE INTO antwort_settings (name, value) VALUES (?, '1')", (_ITEMS_INDEXED,))
+        rows = conn.execute(
+            f"SELECT owner, response, input_items FROM antwort_responses WHERE status NOT IN {RUNNING_SQL}"
+        )
+        for owner, response, input_items in rows:
+            record = from_row(response, input_items, owner)
+            conn.executemany(
+                "INSERT OR IGNORE INTO antwort_items (owner, item_id, response_id) VALUES (?, ?, ?)",
+                [(owner, item_id, record.response.id) for item_id in indexed_ids(record)],
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
 def _upsert(conn: sqlite3.Connection, row: Row) -> None:
     conn.execute(
         _UPSERT,
@@ -198,6 +285,11 @@ def _upsert(conn: sqlite3.Connection, row: Row) -> None:
             row.input_items,
         ),
     )
+    if row.item_ids:
+        conn.executemany(
+            "INSERT OR IGNORE INTO antwort_items (owner, item_id, response_id) VALUES (?, ?, ?)",
+            [(row.owner, item_id, row.id) for item_id in row.item_ids],
+        )
 
 
 __all__ = ["SQLiteStore", "StoreInUse", "migrate_file"]

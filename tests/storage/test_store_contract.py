@@ -187,3 +187,68 @@ async def _delivered(store: Any, heard: list[str], expected: list[str]) -> None:
         async with asyncio.timeout(5):
             await done.wait()
     assert heard == expected
+
+
+# -- items by id (item references) ------------------------------------------------------------
+
+
+async def test_an_ended_responses_input_and_output_items_are_found_by_id(store: Any) -> None:
+    saved = record("resp_1", inputs=("question",), outputs=("answer",), owner="acme")
+    await store.save(saved)
+    asked, answered = saved.input_items[0], saved.response.output[0]
+    found = await store.find_items([asked.id, answered.id, "msg_nowhere"], "acme")
+    assert found == {asked.id: asked, answered.id: answered}
+    # What a reader changes is not what is stored.
+    found[asked.id].message.content[0].input_text.text = "changed"
+    assert texts([(await store.find_items([asked.id], "acme"))[asked.id]]) == ["question"]
+
+
+async def test_another_owners_item_is_not_found_as_if_it_did_not_exist(store: Any) -> None:
+    saved = record("resp_1", owner="acme")
+    await store.save(saved)
+    assert await store.find_items([saved.response.output[0].id], "globex") == {}
+
+
+async def test_an_item_is_found_once_its_response_has_ended_and_no_longer_once_deleted(backend: Backend) -> None:
+    store = await backend.open(ttl_seconds=60.0)
+    running = record("resp_1", status=S.RESPONSE_STATUS_IN_PROGRESS)
+    await store.save(running)
+    item_id = running.input_items[0].id
+    assert await store.find_items([item_id]) == {}
+    ended = record("resp_1", status=S.RESPONSE_STATUS_REQUIRES_ACTION)
+    ended.input_items[:] = running.input_items
+    await store.save(ended)
+    assert list(await store.find_items([item_id])) == [item_id]
+    assert await store.delete("resp_1")
+    assert await store.find_items([item_id]) == {}
+    await store.save(ended)
+    backend.clock.advance(61)
+    assert await store.find_items([item_id]) == {}, "expired"
+
+
+async def test_an_item_several_responses_hold_is_found_while_any_of_them_is_kept(store: Any) -> None:
+    shared = message("said twice", item_id="msg_shared")
+    first, second = record("resp_1"), record("resp_2")
+    first.input_items[:] = [shared]
+    second.input_items[:] = [shared]
+    second.response.created_at.FromSeconds(1_800_000_100)
+    await store.save(first)
+    await store.save(second)
+    assert texts([(await store.find_items(["msg_shared"]))["msg_shared"]]) == ["said twice"]
+    assert await store.delete("resp_2")
+    assert texts([(await store.find_items(["msg_shared"]))["msg_shared"]]) == ["said twice"]
+
+
+async def test_once_an_item_was_looked_up_a_reopened_store_still_finds_what_ends_later(backend: Backend) -> None:
+    # SQLite and memory index items only from the first lookup on (what was stored before is
+    # indexed then): the database remembers that it does.
+    first = await backend.open()
+    before = record("resp_1")
+    await first.save(before)
+    assert list(await first.find_items([before.input_items[0].id])) == [before.input_items[0].id]
+    await backend.close(first)
+    second = await backend.open()
+    later = record("resp_2")
+    await second.save(later)
+    assert list(await second.find_items([later.response.output[0].id])) == [later.response.output[0].id]
+    assert list(await second.find_items([before.input_items[0].id])) == [before.input_items[0].id]

@@ -66,6 +66,25 @@ def status_error(status: int, body: bytes, *, model: str, url: str) -> ProviderE
     return ProviderError("invalid_request", f"the model backend refused the request (HTTP {status}): {detail}")
 
 
+# How backends word a refusal of response_format (or of the grammar they would build from it).
+_FORMAT_MARKERS = ("response_format", "json_schema", "json schema", "json_object", "grammar", "structured output")
+
+
+def structured_refusal(failure: ProviderError) -> ProviderError:
+    """A refusal of a request that asked for structured output, naming the parameter: the code
+    text_format_unsupported when the backend's words are about it, else the same error with a
+    note that the request asked for it."""
+    if failure.code != "invalid_request":
+        return failure
+    if any(marker in failure.message.lower() for marker in _FORMAT_MARKERS):
+        return ProviderError(
+            "text_format_unsupported",
+            f"the model backend refused response_format, which carries the request's text.format: {failure.message}",
+        )
+    note = " (the request asks for structured output: text.format, sent as response_format)"
+    return ProviderError(failure.code, failure.message + note)
+
+
 def _context_too_long(body: bytes) -> bool:
     text = body[:2000].decode("utf-8", "replace").lower()
     return any(marker in text for marker in _CONTEXT_MARKERS)

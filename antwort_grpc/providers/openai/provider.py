@@ -21,7 +21,7 @@ from antwort_grpc.providers.base import Completion, ProviderError, ProviderEvent
 from antwort_grpc.providers.coalesce import MAX_MERGED, delta_size, merge_deltas, mergeable
 from antwort_grpc.providers.openai.chunks import decode_chunk, protocol_error
 from antwort_grpc.providers.openai.config import BackendConfig
-from antwort_grpc.providers.openai.errors import backoff, retry_after, status_error
+from antwort_grpc.providers.openai.errors import backoff, retry_after, status_error, structured_refusal
 from antwort_grpc.providers.openai.request import encode_body
 from antwort_grpc.providers.openai.sse import SseParser
 from antwort_grpc.providers.openai.translate import StreamTranslator, completion
@@ -101,7 +101,8 @@ class OpenAICompatProvider:
     async def complete(self, turn: TurnRequest) -> Completion:
         model = turn.model or self.config.model
         body = await _body(turn, stream=False, model=model)
-        return await self._with_retries(lambda: self._complete_once(body, model))
+        structured = turn.text_format is not None
+        return await self._with_retries(lambda: self._complete_once(body, model, structured))
 
     async def check_health(self) -> ProviderHealth:
         """Cheap reachability probe (GET /models) for the gateway's health service."""
@@ -143,8 +144,9 @@ class OpenAICompatProvider:
         log.info("model backend attempt %d failed (%s); retrying in %.2f s", attempt + 1, error.message, delay)
         await asyncio.sleep(delay)
 
-    async def _post(self, body: bytes, model: str) -> aiohttp.ClientResponse:
-        """POSTs and returns a 2xx response with its body unread; raises for everything else."""
+    async def _post(self, body: bytes, model: str, structured: bool = False) -> aiohttp.ClientResponse:
+        """POSTs and returns a 2xx response with its body unread; raises for everything else.
+        `structured`: the body asks for response_format (a refusal names it)."""
         url = self.config.chat_url
         try:
             response = await self._client().post(url, data=body, headers=trace_headers())
@@ -165,10 +167,10 @@ class OpenAICompatProvider:
         failure = status_error(response.status, content, model=model, url=url)
         if failure.retryable:
             raise _Retry(failure.code, failure.message, retry_after(response.headers))
-        raise failure
+        raise structured_refusal(failure) if structured else failure
 
-    async def _complete_once(self, body: bytes, model: str) -> Completion:
-        response = await self._post(body, model)
+    async def _complete_once(self, body: bytes, model: str, structured: bool) -> Completion:
+        response = await self._post(body, model, structured)
         try:
             content = await response.read()
         except (aiohttp.ClientError, TimeoutError) as error:
@@ -181,7 +183,7 @@ class OpenAICompatProvider:
             raise protocol_error(content, error) from None
 
     async def _stream_once(self, body: bytes, model: str, turn: TurnRequest) -> AsyncGenerator[ProviderEvent, None]:
-        response = await self._post(body, model)
+        response = await self._post(body, model, turn.text_format is not None)
         translator = StreamTranslator()
         parser = SseParser()
         reader = response.content

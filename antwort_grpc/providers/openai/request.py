@@ -8,7 +8,7 @@ from typing import Any
 
 from antwort_grpc import pb
 from antwort_grpc.providers.base import TurnRequest
-from antwort_grpc.structs import struct_json
+from antwort_grpc.structs import integral, struct_json
 
 ChatMessage = dict[str, Any]
 
@@ -85,6 +85,8 @@ def build_body(turn: TurnRequest, *, stream: bool, model: str | None = None, too
         body["temperature"] = turn.temperature
     if turn.top_p is not None:
         body["top_p"] = turn.top_p
+    if turn.text_format is not None:
+        body["response_format"] = response_format(turn.text_format)
     if stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
@@ -222,3 +224,17 @@ def tool_choice(choice: pb.ToolChoice) -> str | dict[str, Any]:
     if kind == "mode":
         return _MODES.get(choice.mode, "auto")
     return "auto"
+
+
+def response_format(form: pb.TextFormat) -> dict[str, Any]:
+    """The request's text format as Chat Completions' `response_format` (vLLM, llama.cpp's
+    server, Ollama and OpenAI read this shape)."""
+    if form.WhichOneof("kind") == "json_object":
+        return {"type": "json_object"}
+    schema = form.json_schema
+    spec: dict[str, Any] = {"name": schema.name, "schema": integral(json.loads(struct_json(schema.schema)))}
+    if schema.description:
+        spec["description"] = schema.description
+    if schema.HasField("strict"):
+        spec["strict"] = schema.strict
+    return {"type": "json_schema", "json_schema": spec}
