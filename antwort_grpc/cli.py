@@ -53,6 +53,12 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--metrics-listen", help="host:port of the Prometheus /metrics endpoint (ANTWORT_METRICS_LISTEN)")
     p.add_argument("--script", help="JSON file of scripted model turns instead of a backend (ANTWORT_SCRIPT)")
     p.add_argument("--data-dir", help="directory for the embedded defaults (ANTWORT_DATA_DIR, default var)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="processes serving the same ports (ANTWORT_WORKERS; default: one per usable core with a "
+        "PostgreSQL store, else 1)",
+    )
     p.set_defaults(run=_serve)
 
 
@@ -103,6 +109,7 @@ SERVE_FLAGS = [
     "metrics_listen",
     "script",
     "data_dir",
+    "workers",
 ]
 
 
@@ -129,9 +136,17 @@ def _serve(args: argparse.Namespace) -> int:
         # A set HTTP address must bind (its default may be taken: the door is then off).
         check_listen(settings.http_listen, "--http-listen / ANTWORT_HTTP_LISTEN")
     from antwort_grpc.gateway import serve
+    from antwort_grpc.workers.plan import planned
 
+    workers = planned(settings)
     try:
-        event_loop.run(serve(settings), _loop_for(settings))
+        if workers > 1:
+            from antwort_grpc.workers.supervisor import supervise
+
+            # The parent starts processes and serves no request: the standard loop (see _loop_for).
+            event_loop.run(supervise(settings, workers), "asyncio")
+        else:
+            event_loop.run(serve(settings), _loop_for(settings))
     except (RuntimeError, OSError) as error:
         if is_bind_failure(error) or str(error).startswith("cannot listen on"):
             raise bind_error(settings.listen, "--listen / ANTWORT_LISTEN") from error

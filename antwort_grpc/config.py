@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -13,6 +14,17 @@ def _split_commas(value: object) -> object:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
+
+
+@dataclass(frozen=True)
+class WorkerPlace:
+    """What a worker process of `serve --workers N` is told by its parent (never read from the
+    environment): its ports are shared with the other workers (SO_REUSEPORT)."""
+
+    index: int
+    count: int
+    # The base URL of the embedded local model the parent started; None: the settings' backend.
+    model_url: str | None = None
 
 
 class GatewaySettings(BaseSettings):
@@ -190,6 +202,18 @@ class GatewaySettings(BaseSettings):
     metrics_listen: str = ""
     # "json": one JSON object per log line, and a line per finished response.
     log_format: Literal["text", "json"] = "text"
+    # Worker processes serving the same ports, each a replica of the store (docs/deploy.md);
+    # unset: one per usable core with a PostgreSQL store, else 1 (SQLite and memory serve one process).
+    workers: int | None = Field(default=None, ge=1)
+    # Set in a worker process by its parent (antwort_grpc/workers); None in a gateway of one process.
+    _worker: WorkerPlace | None = PrivateAttr(default=None)
+
+    @property
+    def worker(self) -> WorkerPlace | None:
+        return self._worker
+
+    def place_worker(self, place: WorkerPlace) -> None:
+        self._worker = place
 
     _split = field_validator("executors", "hooks", "jwt_algorithms", mode="before")(_split_commas)
 

@@ -18,7 +18,7 @@ import asyncio
 import gc
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -178,9 +178,10 @@ def tune_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
-async def serve(settings: GatewaySettings) -> None:
+async def serve(settings: GatewaySettings, ready: Callable[[Gateway], None] | None = None) -> None:
     """`antwort-grpc serve`: assemble the parts, open the doors, serve until SIGTERM or SIGINT,
-    shut down in order."""
+    shut down in order. `ready`: called once serving, instead of printing the ready line (a
+    worker of `serve --workers N` tells its parent)."""
     from antwort_grpc.http.serving import open_door
 
     # Before anything starts: a refusal must not leave a local model or a store half opened.
@@ -202,13 +203,19 @@ async def serve(settings: GatewaySettings) -> None:
         if door is not None:
             await gateway.open(door)
         tune_gc()
-        # The line scripts wait for; in the log format, so stdout too is JSON with --log-format json.
-        line = one_line(f"antwort-grpc serving on {gateway.target}", settings.log_format, target=gateway.target)
-        print(line, flush=True)
+        if ready is not None:
+            ready(gateway)
+        else:
+            # The line scripts wait for; in the log format, so stdout too is JSON with --log-format json.
+            print(serving_line(gateway.target, settings.log_format), flush=True)
         await serve_until_signalled(gateway, settings.shutdown_grace, settings.shutdown_drain, settings.interrupt_grace)
     finally:
         # Export the spans still buffered.
         tracing.shutdown()
+
+
+def serving_line(target: str, log_format: str) -> str:
+    return one_line(f"antwort-grpc serving on {target}", log_format, target=target)
 
 
 async def serve_until_signalled(

@@ -57,6 +57,9 @@ class ServerSpec:
     # What every service is added through (the per-RPC metrics wrap each method's handler there);
     # None: the server itself.
     adding: Callable[[grpc.aio.Server], grpc.aio.Server] | None = None
+    # Share the port with other processes that set it too (the workers of `serve --workers N`);
+    # otherwise a port another process listens on is refused, whatever grpcio's default.
+    reuse_port: bool = False
 
 
 class Health(HealthServicer):  # type: ignore[misc]
@@ -131,7 +134,7 @@ async def start_server(listen: str, spec: ServerSpec) -> Serving:
     """Start serving on `listen` (port 0 picks a free one); OSError when it cannot listen."""
     server = aio_server(
         options=[
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if spec.reuse_port else 0),
             ("grpc.max_receive_message_length", spec.max_message_bytes),
             ("grpc.max_send_message_length", spec.max_message_bytes),
             # The same soft and hard limit: none dropped below it, every one past it.

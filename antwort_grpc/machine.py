@@ -8,20 +8,35 @@ import os
 from pathlib import Path
 
 _CGROUP = Path("/sys/fs/cgroup")
+# The processes that divide the machine between them: a worker of `serve --workers N` is told N.
+_sharing = 1
 
 
-def cpu_cores() -> float:
-    """Cores this process may use: its CPU affinity, lowered by a cgroup CPU quota."""
+def share(processes: int) -> None:
+    """This process is one of `processes` that share the machine evenly (workers serving the same
+    ports): the figures below are its share from now on."""
+    global _sharing
+    _sharing = max(1, processes)
+
+
+def machine_cores() -> float:
+    """Cores the processes of this cgroup may use: the CPU affinity, lowered by a cgroup CPU quota."""
     cores = float(len(os.sched_getaffinity(0)))
     quota = _cgroup_cpu_quota()
     return max(1.0, min(cores, quota)) if quota else max(1.0, cores)
 
 
+def cpu_cores() -> float:
+    """Cores this process may use: the machine's (`machine_cores`), or its share of them."""
+    return machine_cores() / _sharing
+
+
 def memory_bytes() -> int:
-    """Memory this process may use: the cgroup's limit when there is one, else the machine's."""
+    """Memory this process may use: the cgroup's limit when there is one, else the machine's; or
+    its share of that."""
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     limit = _cgroup_memory_limit()
-    return min(physical, limit) if limit else physical
+    return (min(physical, limit) if limit else physical) // _sharing
 
 
 def _read(path: Path) -> str:

@@ -53,6 +53,8 @@ class DoorSettings:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    # Share the port with the other workers of `serve --workers N` (SO_REUSEPORT).
+    reuse_port: bool = False
 
 
 class HttpDoor:
@@ -96,7 +98,9 @@ class HttpDoor:
             keepalive_timeout=self.settings.idle_timeout,
         )
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, int(port), ssl_context=self._tls(), backlog=1024)
+        site = web.TCPSite(
+            self.runner, host, int(port), ssl_context=self._tls(), backlog=1024, reuse_port=self.settings.reuse_port
+        )
         try:
             await site.start()
         except BaseException:

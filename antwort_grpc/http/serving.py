@@ -24,6 +24,7 @@ def door_settings(settings: GatewaySettings) -> DoorSettings:
         tls_cert=settings.tls_cert,
         tls_key=settings.tls_key,
         tls_client_ca=settings.tls_client_ca,
+        reuse_port=settings.worker is not None,
     )
 
 

@@ -119,6 +119,12 @@ def route_native_stderr() -> TextIO:
     return _native.stream
 
 
+def real_stderr() -> int:
+    """The descriptor of the real stderr (not NativeStderr's pipe): where a child process that
+    formats its own lines writes them."""
+    return _native.stream.fileno() if _native is not None else 2
+
+
 def restore_native_stderr() -> None:
     if _native is not None:
         _native.close()

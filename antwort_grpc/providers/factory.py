@@ -51,7 +51,9 @@ async def build_provider(settings: GatewaySettings) -> Provider:
         )
     # Requests that name no model get the one model there is, and responses say so.
     settings.model = local_model.MODEL_NAME
-    provider = local_model.LocalModelProvider(model, read_timeout=settings.backend_read_timeout)
+    # A worker of `serve --workers N` uses the server its parent started: one model, not one each.
+    started = settings.worker.model_url if settings.worker is not None else None
+    provider = local_model.LocalModelProvider(model, read_timeout=settings.backend_read_timeout, base_url=started)
     try:
         await provider.start()
     except ProviderError as error:

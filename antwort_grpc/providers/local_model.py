@@ -65,17 +65,29 @@ def available() -> bool:
 
 
 class LocalModelServer:
-    """The llama.cpp server child process. `start()` returns its base URL once it serves."""
+    """The llama.cpp server child process. `start()` returns its base URL once it serves.
+    `base_url`: the server another process started (the parent of `serve --workers N`), used
+    as it is: nothing is started or stopped here."""
 
-    def __init__(self, model: Path, *, startup_timeout: float = 120.0, command: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        model: Path,
+        *,
+        startup_timeout: float = 120.0,
+        command: list[str] | None = None,
+        base_url: str | None = None,
+    ) -> None:
         self.model = model
         self.startup_timeout = startup_timeout
         # The child's command line; tests give a stand-in that speaks the same start-up line.
         self.command = command or [sys.executable, "-m", __name__, "--model", str(model)]
-        self.base_url: str | None = None
+        self.base_url: str | None = base_url
+        self._started_elsewhere = base_url is not None
         self._process: asyncio.subprocess.Process | None = None
 
     async def start(self) -> str:
+        if self._started_elsewhere and self.base_url is not None:
+            return self.base_url
         # Its own session, so no terminal signal reaches it (see the module's doc).
         self._process = process = await asyncio.create_subprocess_exec(
             *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, start_new_session=True
@@ -137,7 +149,10 @@ class LocalModelProvider:
     """A Provider that starts the local model server on first use (or on `start()`) and talks to
     it through the OpenAI-compatible provider."""
 
-    def __init__(self, model: Path, *, model_name: str = MODEL_NAME, read_timeout: float = 120.0) -> None:
+    def __init__(
+        self, model: Path, *, model_name: str = MODEL_NAME, read_timeout: float = 120.0, base_url: str | None = None
+    ) -> None:
+        """`base_url`: a server of this model already running (LocalModelServer)."""
         self.model_name = model_name
         self.capabilities = Capabilities(
             models=frozenset({model_name}),
@@ -145,13 +160,18 @@ class LocalModelProvider:
             name=f"the embedded local model {model_name!r}",
             instead="another backend (ANTWORT_BACKEND_URL)",
         )
-        self._server = LocalModelServer(model)
+        self._server = LocalModelServer(model, base_url=base_url)
         self._read_timeout = read_timeout
         self._provider: OpenAICompatProvider | None = None
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
         await self._backend()
+
+    @property
+    def base_url(self) -> str | None:
+        """Where the model's server serves, once started."""
+        return self._server.base_url
 
     async def _backend(self) -> OpenAICompatProvider:
         if self._provider is None:

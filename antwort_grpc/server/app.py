@@ -97,6 +97,7 @@ class GrpcDoor:
             options=connection_options(settings),
             reflection=settings.reflection,
             adding=rpc.server if rpc is not None else None,
+            reuse_port=settings.worker is not None,
         )
         serving = self.serving = await start_server(listen, spec)
         for executor in core.executors:

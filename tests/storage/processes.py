@@ -27,7 +27,9 @@ def command(*args: str) -> list[str]:
 
 def environment(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANTWORT_")}
-    return {**env, "PYTHONPATH": str(ROOT), "ANTWORT_SHUTDOWN_DRAIN": "0", **extra}
+    # One process per replica: these tests kill, restart and compare replicas (test_workers.py
+    # runs the workers of one gateway).
+    return {**env, "PYTHONPATH": str(ROOT), "ANTWORT_SHUTDOWN_DRAIN": "0", "ANTWORT_WORKERS": "1", **extra}
 
 
 async def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
