@@ -11,6 +11,7 @@ import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -20,6 +21,7 @@ import pytest
 import pytest_asyncio
 
 from antwort_grpc import pb
+from antwort_grpc.providers import local_model
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply
 from tests.harness import assert_valid_stream, events_of, kind, kinds, output_text, response_of, user
 from tests.pg import _free_port
@@ -95,7 +97,9 @@ async def one_channel_per_worker(gateway: Workers, count: int) -> None:
     """Connections until one reaches each worker (the kernel spreads them by their addresses)."""
     for _ in range(64):
         channel = own_connection(gateway.target)
-        reply = [m async for m in pb.ResponsesServiceStub(channel).CreateResponse(user("which worker?"))]
+        request = user("which worker?")
+        request.max_output_tokens = 1  # short, when it is the embedded model that answers
+        reply = [m async for m in pb.ResponsesServiceStub(channel).CreateResponse(request)]
         instance = await instance_of(gateway.url, response_of(reply[-1].event).id)
         if instance in gateway.channels:
             await channel.close()
@@ -115,13 +119,15 @@ async def _drain(stream: asyncio.StreamReader, into: list[str]) -> None:
 async def workers_process(url: str, backend: str, count: int = 2, **env: str) -> AsyncIterator[Workers]:
     """`antwort-grpc serve --workers N` with every port on loopback, once all its workers serve."""
     http_port, metrics_port = _free_port(), _free_port()
-    args = ["serve", "--workers", str(count), "--listen", "127.0.0.1:0", "--store", url, "--backend-url", backend]
+    args = ["serve", "--workers", str(count), "--listen", "127.0.0.1:0", "--store", url]
+    # No backend: the embedded local model.
+    args += ["--backend-url", backend] if backend else []
     args += ["--http-listen", f"127.0.0.1:{http_port}", "--metrics-listen", f"127.0.0.1:{metrics_port}"]
     process = await asyncio.create_subprocess_exec(
         *command(*args),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
-        env=environment(ANTWORT_MODEL="fake-model", **env),
+        env=environment(**({"ANTWORT_MODEL": "fake-model"} if backend else {}), **env),
         cwd=ROOT,
         # A group of its own, as a terminal gives a command: Ctrl-C is sent to the group.
         process_group=0,
@@ -343,3 +349,39 @@ async def test_a_worker_that_dies_is_started_again_and_the_port_serves_on(
         await until(lambda: sum(f"worker {index} serving" in line for line in gateway.output) == 2)
         assert gone(first) and any(f"worker {index} (pid {first}) exited with code -9" in x for x in gateway.output)
         await one_channel_per_worker(gateway, 2)
+
+
+def children_of(pid: int) -> list[tuple[int, str]]:
+    """The processes whose parent is `pid`, with their command lines."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append((int(entry.name), cmdline))
+    return found
+
+
+@pytest.mark.skipif(not local_model.available(), reason="the embedded local model is not installed")
+async def test_the_embedded_model_is_started_once_by_the_parent_and_every_worker_uses_it(
+    postgres_admin_url: str,
+) -> None:
+    async with empty_database(postgres_admin_url) as url, workers_process(url, backend="") as gateway:
+        models = [c for c in children_of(gateway.process.pid) if "antwort_grpc.providers.local_model" in c[1]]
+        assert len(models) == 1, children_of(gateway.process.pid)
+        assert sorted(p for p, c in children_of(gateway.process.pid) if "workers.child" in c) == sorted(gateway.pids)
+        for worker in gateway.pids:
+            assert children_of(worker) == [], "a worker starts no model of its own"
+        await one_channel_per_worker(gateway, 2)
+        for instance in gateway.instances():
+            request = user("Say hi")
+            request.max_output_tokens = 4
+            reply = [m async for m in gateway.stub(instance).CreateResponse(request)]
+            answered = response_of(reply[-1].event)
+            assert answered.model == local_model.MODEL_NAME and output_text(answered), answered
+            assert answered.status == S.RESPONSE_STATUS_INCOMPLETE  # at its max_output_tokens
