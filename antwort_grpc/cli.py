@@ -136,9 +136,9 @@ def _serve(args: argparse.Namespace) -> int:
         # A set HTTP address must bind (its default may be taken: the door is then off).
         check_listen(settings.http_listen, "--http-listen / ANTWORT_HTTP_LISTEN")
     from antwort_grpc.gateway import serve
-    from antwort_grpc.workers.plan import planned
+    from antwort_grpc.workers.plan import planned, ready_saying
 
-    workers = planned(settings)
+    workers, why = planned(settings)
     try:
         if workers > 1:
             from antwort_grpc.workers.supervisor import supervise
@@ -146,7 +146,7 @@ def _serve(args: argparse.Namespace) -> int:
             # The parent starts processes and serves no request: the standard loop (see _loop_for).
             event_loop.run(supervise(settings, workers), "asyncio")
         else:
-            event_loop.run(serve(settings), _loop_for(settings))
+            event_loop.run(serve(settings, ready_saying(why, settings.log_format)), _loop_for(settings))
     except (RuntimeError, OSError) as error:
         if is_bind_failure(error) or str(error).startswith("cannot listen on"):
             raise bind_error(settings.listen, "--listen / ANTWORT_LISTEN") from error

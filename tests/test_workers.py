@@ -79,14 +79,16 @@ def test_the_default_is_one_worker_per_usable_core_bounded_by_memory(monkeypatch
     pg = settings(store="postgresql://db/antwort")
     monkeypatch.setattr(machine, "machine_cores", lambda: 8.0)
     monkeypatch.setattr(machine, "memory_bytes", lambda: 64 * 2**30)
-    assert plan.planned(pg) == 8
+    assert plan.planned(pg) == (8, None)
     # A pod with a memory limit of 1 GiB and no CPU limit sees its node's cores.
     monkeypatch.setattr(machine, "memory_bytes", lambda: 2**30)
-    assert plan.planned(pg) == 2
+    assert plan.planned(pg) == (2, None)
     monkeypatch.setattr(machine, "machine_cores", lambda: 1.5)  # a CPU quota of 1.5 cores
-    assert plan.planned(pg) == 1
-    assert plan.planned(settings(store="postgresql://db/antwort", workers=5)) == 5
-    assert plan.planned(settings(store="", workers=1)) == 1
+    assert plan.planned(pg) == (1, None)
+    assert plan.planned(settings(store="postgresql://db/antwort", workers=5)) == (5, None)
+    assert plan.planned(settings(store="", workers=1)) == (1, None)
+    count, why = plan.planned(settings(store="memory"))
+    assert count == 1 and why is not None and "the memory store" in why
     with pytest.raises(StartupError, match="--workers / ANTWORT_WORKERS"):
         plan.planned(settings(store="sqlite:///x.db", workers=2))
 

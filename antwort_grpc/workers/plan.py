@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 from antwort_grpc import machine
 from antwort_grpc.config import GatewaySettings
+from antwort_grpc.gateway import Gateway, serving_line
 from antwort_grpc.startup_errors import StartupError
 from antwort_grpc.storage.factory import sqlite_path
 
@@ -39,21 +41,34 @@ def unshared_store(settings: GatewaySettings) -> str | None:
     return f"the SQLite store {path}" if path is not None else f"the store {url!r}"
 
 
-def planned(settings: GatewaySettings) -> int:
+def planned(settings: GatewaySettings) -> tuple[int, str | None]:
     """The number of worker processes: the setting, else one per usable core (cgroup-aware) when
-    the store can be shared, else 1. StartupError for more than one on a store that cannot be."""
+    the store can be shared, else 1; and when the default fell back to 1, the line that says why.
+    StartupError for more than one on a store that cannot be shared."""
     unshared = unshared_store(settings)
     if settings.workers is None:
         if unshared is None:
-            return default_count()
-        log.info("one worker process: %s serves one process (%s needs ANTWORT_STORE=postgresql://…)", unshared, SETTING)
-        return 1
+            return default_count(), None
+        return 1, f"one worker process: {unshared} serves one process ({SETTING} needs ANTWORT_STORE=postgresql://…)"
     if settings.workers > 1 and unshared is not None:
         raise StartupError(
             f"{SETTING}: {settings.workers} worker processes need a store they share "
             f"(ANTWORT_STORE=postgresql://…); {unshared} serves one process"
         )
-    return settings.workers
+    return settings.workers, None
+
+
+def ready_saying(why: str | None, log_format: str) -> Callable[[Gateway], None] | None:
+    """The one-process gateway's ready line, after the line saying why it is one process (logged
+    once it serves: a gateway that fails to start says only why it failed)."""
+    if why is None:
+        return None
+
+    def ready(gateway: Gateway) -> None:
+        log.info("%s", why)
+        print(serving_line(gateway.target, log_format), flush=True)
+
+    return ready
 
 
 def default_count() -> int:
