@@ -37,9 +37,13 @@ def reserve(listen: str, setting: str) -> Reserved:
             probe.bind(address)
             port = int(probe.getsockname()[1])
         held = socket.socket(family, kind, proto)
-        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        held.bind((address[0], port, *address[2:]))
+        try:
+            held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            held.bind((address[0], port, *address[2:]))
+        except OSError:
+            held.close()
+            raise
     except OSError as error:
         raise StartupError(
             f"cannot listen on {listen} ({error.strerror or error}): choose another address with {setting}"

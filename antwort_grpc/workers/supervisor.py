@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 CHILD = "antwort_grpc.workers.child"
 LISTEN = "--listen / ANTWORT_LISTEN"
 HTTP_LISTEN = "--http-listen / ANTWORT_HTTP_LISTEN"
+METRICS_LISTEN = "--metrics-listen / ANTWORT_METRICS_LISTEN"
 # Seconds a worker may take to serve (store opened and migrated, doors open).
 STARTUP_TIMEOUT = 120.0
 # Beyond its drain and grace, the seconds a stopping worker may take to close; then it is killed.
@@ -194,6 +195,18 @@ async def _start_model(settings: GatewaySettings, stack: AsyncExitStack) -> str 
     return provider.base_url
 
 
+async def _serve_metrics(listen: str, supervisor: Supervisor, stack: AsyncExitStack) -> None:
+    proxy = MetricsProxy(lambda: supervisor.workers)
+    stack.push_async_callback(proxy.stop)
+    try:
+        await proxy.start(listen)
+    except OSError as error:
+        raise StartupError(
+            f"cannot listen on {listen} ({error.strerror or error}): choose another address with {METRICS_LISTEN}"
+        ) from error
+    log.info("every worker's metrics on %s (port %d)", listen, proxy.port)
+
+
 def _stop_timeout(settings: GatewaySettings, sig: signal.Signals) -> float:
     if sig == signal.SIGINT:
         return min(settings.shutdown_grace, settings.interrupt_grace) + EXIT_MARGIN
@@ -218,12 +231,10 @@ async def supervise(settings: GatewaySettings, count: int) -> None:
             return {"index": index, "count": count, "model_url": model_url, "settings": child_settings}
 
         supervisor = Supervisor(count, spec, real_stderr())
+        if settings.metrics_listen:
+            await _serve_metrics(settings.metrics_listen, supervisor, stack)
         stopped = supervisor.on_signals()
         if await supervisor.start():
-            if settings.metrics_listen:
-                proxy = MetricsProxy(lambda: supervisor.workers)
-                stack.push_async_callback(proxy.stop)
-                await proxy.start(settings.metrics_listen)
             target = f"{host_of(settings.listen)}:{grpc_port.port}"
             log.info("%d worker processes serving on %s", count, target)
             print(serving_line(target, settings.log_format), flush=True)
