@@ -93,6 +93,8 @@ def main() -> int:
     try:
         # Workers start no process of their own (the parent started the model): the default loop.
         event_loop.run(serve(settings, _announce))
+    except KeyboardInterrupt:
+        return 130  # Ctrl-C, forwarded by the parent, before this worker served: nothing to drain
     except Exception as error:
         if settings.log_level.upper() == "DEBUG":
             raise
