@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import sys
 from pathlib import Path
@@ -147,3 +148,16 @@ def test_the_merged_metrics_label_every_workers_series_and_say_which_answered() 
     assert lines.count("# TYPE antwort_open_streams gauge") == 1
     assert 'antwort_worker_up{worker="2"} 0.0' in lines and 'antwort_worker_up{worker="1"} 1.0' in lines
     assert 'antwort_worker_restarts_total{worker="1"} 3.0' in lines
+
+
+async def test_workers_that_cannot_start_end_the_parent_with_their_reason_and_its_line(tmp_path: Path) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        nobody = f"postgresql://postgres@127.0.0.1:{closed.getsockname()[1]}/antwort"  # bound, never listening
+        code, output = await run_serve(tmp_path, "--workers", "2", "--store", nobody)
+    assert code == 2, output
+    lines = output.strip().splitlines()
+    assert len(lines) == 3, output
+    for line in lines[:2]:
+        assert line.startswith("antwort-grpc serve (worker ") and "--store / ANTWORT_STORE" in line, output
+    assert re.fullmatch(r"antwort-grpc serve: worker [01] exited before it served \(exit code 2\)", lines[2]), output
