@@ -21,7 +21,13 @@ from typing import Any
 from antwort_grpc import event_loop, machine
 from antwort_grpc.config import GatewaySettings, WorkerPlace
 from antwort_grpc.gateway import Gateway, serve
-from antwort_grpc.observability.logs import configure, one_line, restore_native_stderr, route_native_stderr
+from antwort_grpc.observability.logs import (
+    TEXT_FORMAT,
+    configure,
+    one_line,
+    restore_native_stderr,
+    route_native_stderr,
+)
 from antwort_grpc.startup_errors import describe
 
 
@@ -43,7 +49,7 @@ def _logging(settings: GatewaySettings, index: int) -> None:
     for handler in logging.getLogger().handlers:
         handler.addFilter(WorkerTag(index))
         if settings.log_format == "text":
-            handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s [worker {index}] %(name)s: %(message)s"))
+            handler.setFormatter(logging.Formatter(TEXT_FORMAT.replace("%(name)s", f"[worker {index}] %(name)s")))
 
 
 def _watch_parent() -> None:
