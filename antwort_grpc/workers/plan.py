@@ -20,10 +20,10 @@ SETTING = "--workers / ANTWORT_WORKERS"
 WORKER_METRICS = "127.0.0.1:0"
 # What the whole gateway may hold at once, divided evenly between its workers when set.
 DIVIDED = ("max_running_responses", "memory_budget_bytes")
-# The memory a worker is given room for, by default: one holds about 100 MB idle and 230 MB
-# carrying a thousand streams (bench/RESULTS.md's limits run); twice that, for its peaks. A pod
-# with a memory limit and no CPU limit sees every core of its node: this keeps it from starting
-# more workers than its memory holds.
+# The memory a worker is given room for, by default: one holds about 90 MB idle (measured) and
+# some 72 KiB more per open stream (bench/RESULTS.md, rss_per_stream_kb): about 160 MB with a
+# thousand streams, 512 MiB leaves room for its peaks. A pod with a memory limit and no CPU
+# limit sees every core of its node: this keeps it from starting more workers than its memory holds.
 WORKER_MEMORY = 512 * 1024 * 1024
 
 
