@@ -25,6 +25,7 @@ from antwort_grpc.providers import local_model
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply
 from tests.harness import assert_valid_stream, events_of, kind, kinds, output_text, response_of, user
 from tests.pg import _free_port
+from tests.prometheus_server import promtool_check_metrics
 from tests.storage.conftest import empty_database
 from tests.storage.processes import ROOT, Stream, command, environment
 
@@ -257,6 +258,8 @@ async def test_the_parents_metrics_port_serves_every_workers_metrics_labelled(ga
         assert f'antwort_worker_up{{worker="{index}"}} 1.0' in text, text[:2000]
         assert re.search(rf'grpc_server_started_total{{[^}}]*worker="{index}"', text), text[:2000]
     assert re.search(r'process_resident_memory_bytes{worker="1"}', text)
+    check = promtool_check_metrics(text)
+    assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
 
 
 # -- shutdown: each test its own gateway ----------------------------------------------------------
