@@ -97,6 +97,8 @@ class Supervisor:
         if not line:
             if process.returncode is None and not self.stopping:
                 process.kill()
+                await process.wait()
+                raise WorkerFailed(f"worker {worker.index} did not serve within {STARTUP_TIMEOUT:.0f} s: killed")
             code = await process.wait()
             raise WorkerFailed(f"worker {worker.index} exited before it served (exit code {code})")
         worker.port = json.loads(line).get("metrics_port")
