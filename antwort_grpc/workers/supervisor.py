@@ -89,16 +89,17 @@ class Supervisor:
             process.send_signal(signal.SIGTERM)
         assert process.stdin is not None and process.stdout is not None
         line = b""
-        with contextlib.suppress(ConnectionError, TimeoutError):
+        with contextlib.suppress(ConnectionError):
             process.stdin.write(json.dumps(self.spec(worker.index)).encode() + b"\n")
             await process.stdin.drain()
+        try:
             async with asyncio.timeout(STARTUP_TIMEOUT):
                 line = await process.stdout.readline()
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise WorkerFailed(f"worker {worker.index} did not serve within {STARTUP_TIMEOUT:.0f} s: killed") from None
         if not line:
-            if process.returncode is None and not self.stopping:
-                process.kill()
-                await process.wait()
-                raise WorkerFailed(f"worker {worker.index} did not serve within {STARTUP_TIMEOUT:.0f} s: killed")
             code = await process.wait()
             raise WorkerFailed(f"worker {worker.index} exited before it served (exit code {code})")
         worker.port = json.loads(line).get("metrics_port")
