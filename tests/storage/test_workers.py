@@ -8,6 +8,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -24,7 +25,6 @@ from antwort_grpc import pb
 from antwort_grpc.providers import local_model
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply
 from tests.harness import assert_valid_stream, events_of, kind, kinds, output_text, response_of, user
-from tests.pg import _free_port
 from tests.prometheus_server import promtool_check_metrics
 from tests.storage.conftest import empty_database
 from tests.storage.processes import ROOT, Stream, command, environment
@@ -80,6 +80,12 @@ class Workers:
         return sorted(self.channels)
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 async def instance_of(url: str, response_id: str) -> str:
     """Which worker saved the response (its store's instance id)."""
     conn = await asyncpg.connect(url)
@@ -92,6 +98,16 @@ async def instance_of(url: str, response_id: str) -> str:
 def own_connection(target: str) -> grpc.aio.Channel:
     # A subchannel pool of its own: a new TCP connection, which the kernel gives to either worker.
     return grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def gateway_view(gateway: Workers, instance: str) -> Any:
+    """What tests.storage.processes.Stream needs of a gateway: a stub (here: one worker's)."""
+
+    @dataclass
+    class View:
+        stub: Any
+
+    return View(gateway.stub(instance))
 
 
 async def one_channel_per_worker(gateway: Workers, count: int) -> None:
@@ -119,7 +135,7 @@ async def _drain(stream: asyncio.StreamReader, into: list[str]) -> None:
 @asynccontextmanager
 async def workers_process(url: str, backend: str, count: int = 2, **env: str) -> AsyncIterator[Workers]:
     """`antwort-grpc serve --workers N` with every port on loopback, once all its workers serve."""
-    http_port, metrics_port = _free_port(), _free_port()
+    http_port, metrics_port = free_port(), free_port()
     args = ["serve", "--workers", str(count), "--listen", "127.0.0.1:0", "--store", url]
     # No backend: the embedded local model.
     args += ["--backend-url", backend] if backend else []
@@ -263,16 +279,6 @@ async def test_the_parents_metrics_port_serves_every_workers_metrics_labelled(ga
 
 
 # -- shutdown: each test its own gateway ----------------------------------------------------------
-
-
-def gateway_view(gateway: Workers, instance: str) -> Any:
-    """What tests.storage.processes.Stream needs of a gateway: a stub (here: one worker's)."""
-
-    @dataclass
-    class View:
-        stub: Any
-
-    return View(gateway.stub(instance))
 
 
 def gone(pid: int) -> bool:
