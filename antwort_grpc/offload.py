@@ -6,9 +6,11 @@ large tools. One thread, not a pool: the work is Python holding the GIL, so
 more threads would not finish it sooner, and each one more is one more contender the event loop
 waits behind for the GIL between its own steps (health checks, every other stream's tokens).
 
-`in_process`: one worker process, for the part of that work that is pure Python walking data and
-has a small, picklable boundary: checking schemas never seen before (bytes in, a verdict and JSON
-text out; `responses/schemas.py`). In the worker thread the same walks would hold the gateway's
+`in_process` (from the worker thread) and `off_process` (awaited on the event loop): one worker
+process, for the part of that work that is pure Python walking data and has a small, picklable
+boundary: checking schemas never seen before (bytes in, a verdict and JSON text out;
+`responses/schemas.py`), and parsing and mapping a large JSON body of the HTTP door (bytes in,
+the serialized request out; `http/body.py`). In the worker thread the same walks would hold the gateway's
 GIL for about 0.2 s per request at the limits, 5 ms at a time, and the event loop would wait up
 to 5 ms for it at every step of every other call (docs/limits.md has the figures). The process
 is started on first use (about 1 s, once), `spawn`ed: gRPC's threads do not survive a fork
@@ -52,22 +54,44 @@ def in_process(function: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -
     meanwhile). Blocks: call it from the worker thread, never on the event loop. `function`, its
     arguments and its result must pickle, and it must be pure: when the process has died (killed,
     out of memory) it runs here instead, and the next call starts a new process."""
+    process = _pool()
+    try:
+        return process.submit(function, *args, **kwargs).result()
+    except BrokenProcessPool:
+        _broken(process)
+        return function(*args, **kwargs)
+
+
+async def off_process(function: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """`function(*args, **kwargs)` in the worker process, awaited on the event loop: no thread
+    of the gateway waits for it, and nothing of it holds the GIL but the pickled bytes going
+    and coming. As `in_process`: it must pickle and be pure; when the process has died it runs in
+    the worker thread instead. Cancelled, the caller stops waiting (the process finishes it)."""
+    process = _pool()
+    try:
+        return await asyncio.wrap_future(process.submit(function, *args, **kwargs))
+    except BrokenProcessPool:
+        _broken(process)
+        return await off_loop(function, *args, **kwargs)
+
+
+def _pool() -> ProcessPoolExecutor:
     global _process
     with _process_lock:
         if _process is None:
             _process = ProcessPoolExecutor(
                 max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_process
             )
-        process = _process
-    try:
-        return process.submit(function, *args, **kwargs).result()
-    except BrokenProcessPool:
-        log.warning("the worker process ended unexpectedly; a new one is started for the next large request")
-        with _process_lock:
-            if _process is process:
-                _process = None
-        process.shutdown(wait=False)
-        return function(*args, **kwargs)
+        return _process
+
+
+def _broken(process: ProcessPoolExecutor) -> None:
+    global _process
+    log.warning("the worker process ended unexpectedly; a new one is started for the next large request")
+    with _process_lock:
+        if _process is process:
+            _process = None
+    process.shutdown(wait=False)
 
 
 def _worker_process() -> None:

@@ -7,7 +7,6 @@ server-sent events. Validation, tenancy, limits, hooks, storage and observation 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
@@ -22,11 +21,20 @@ from antwort_grpc.auth import AuthError, current_identity
 from antwort_grpc.errors import RequestError
 from antwort_grpc.front import Call, Front
 from antwort_grpc.grpc_security import credential_of
-from antwort_grpc.http.compaction import compacted_json, compaction_request
+from antwort_grpc.http.body import (
+    BodyTooLarge,
+    body_limit,
+    parse_json,
+    read_body,
+    read_compaction,
+    read_create,
+    read_json,
+)
+from antwort_grpc.http.compaction import compacted_json
 from antwort_grpc.http.controls import ROUTED
-from antwort_grpc.http.errors import error_json, http_status, plain_error
+from antwort_grpc.http.errors import error_json, http_status, plain_error, server_log
 from antwort_grpc.http.jsonread import bad, integer, obj, one_of
-from antwort_grpc.http.mapping import accepted_json, create_request, input_items_json, response_json
+from antwort_grpc.http.mapping import accepted_json, dumps, input_items_json, response_json
 from antwort_grpc.http.sinks import EventWriter
 from antwort_grpc.startup_errors import StartupError
 
@@ -96,6 +104,7 @@ class HttpDoor:
             handler_cancellation=True,
             access_log=None,
             keepalive_timeout=self.settings.idle_timeout,
+            logger=server_log,
         )
         await self.runner.setup()
         site = web.TCPSite(
@@ -160,6 +169,14 @@ class HttpDoor:
             if err.retry_after is not None:
                 headers["Retry-After"] = str(max(1, round(err.retry_after)))
             return web.json_response(body, status=http_status(err), headers=headers)
+        except BodyTooLarge as err:
+            log.info("a request body was refused: %s", err)
+            return web.json_response(plain_error(413, "request_too_large", str(err)), status=413)
+        except UnicodeError as err:
+            # Text a client sent (a path, a query) that is no Unicode, met where it is encoded.
+            log.info("a request was refused: it holds text that is not valid Unicode (%s)", type(err).__name__)
+            message = "the request holds text that is not valid Unicode (a lone surrogate)"
+            return web.json_response(plain_error(400, "invalid_unicode", message), status=400)
         except web.HTTPException as err:
             if err.status < 400:
                 raise
@@ -192,13 +209,15 @@ class HttpDoor:
         return web.json_response({"status": "ok"})
 
     async def create(self, request: web.Request) -> web.StreamResponse:
-        body = _Body(await self._body(request), _create_request)
+        limits = self.front.responses.limits
+        body = _Body(await self._body(request), lambda raw: read_create(raw, limits))
         sink = EventWriter(request, _extended(request), body)
         return await sink.answered(self.front.create(_call(request, "CreateResponse"), body, sink))
 
     async def compact(self, request: web.Request) -> web.Response:
         """The spec's compaction: the conversation summarized by the model into one item."""
-        body = _Body(await self._body(request), compaction_request)
+        limits = self.front.responses.limits
+        body = _Body(await self._body(request), lambda raw: read_compaction(raw, limits))
         compacted = await self.front.compact(_call(request, "CompactResponse"), body)
         return web.json_response(compacted_json(compacted), dumps=_dumps)
 
@@ -246,16 +265,20 @@ class HttpDoor:
 
     async def control(self, request: web.Request) -> web.Response:
         name = request.path.rsplit("/", 1)[1]
-        body = obj(_json(await self._body(request)) if request.can_read_body else {}, "body")
+        limits = self.front.responses.limits
+        body = obj(await read_json(await self._body(request), limits) if request.can_read_body else {}, "body")
         control = ROUTED[name](body)
         accepted = await self.front.control(_call(request, "ControlResponse"), request.match_info["id"], control)
         return web.json_response(accepted_json(accepted), dumps=_dumps)
 
     async def _body(self, request: web.Request) -> bytes:
-        """The request's body, read within the idle timeout (a client that dribbles it is cut)."""
+        """The request's body, read within the idle timeout (a client that dribbles it is cut),
+        and at most as large as a request may be on either door (a larger one is refused before
+        the rest of it is read: BodyTooLarge, 413)."""
+        bound = body_limit(self.settings.max_body_bytes, self.front.responses.limits.max_request_bytes)
         try:
             async with asyncio.timeout(self.settings.idle_timeout):
-                return await request.read()
+                return await read_body(request, bound)
         except TimeoutError:
             raise RequestError(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -270,14 +293,13 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_la
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+    return dumps(value)
 
 
 def _json(raw: bytes) -> object:
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise bad("body", f"not valid JSON: {err}") from None
+    """A small body's JSON value (http/body.py: strict UTF-8, no NaN, bounded nesting, no lone
+    surrogates; RequestError naming where); a large one is read with body.read_json."""
+    return parse_json(raw)
 
 
 def _metadata(request: web.Request) -> list[tuple[str, str]]:
@@ -317,10 +339,6 @@ def _call(request: web.Request, method: str) -> Call:
     return Call(method, current_identity.get(), _metadata(request), None, _span_attributes(request))
 
 
-def _create_request(body: object) -> Any:
-    return create_request(body).request
-
-
 def _extended(request: web.Request) -> bool:
     return request.headers.get(EXTENSIONS_HEADER, "").strip().lower() == EXTENDED
 
@@ -331,9 +349,11 @@ class _Body:
 
     __slots__ = ("decoded", "map", "raw", "starts_response")
 
-    def __init__(self, raw: bytes, map_json: Callable[[object], Any]) -> None:
+    def __init__(self, raw: bytes, read: Callable[[bytes], Awaitable[Any]]) -> None:
         self.raw = raw
-        self.map = map_json
+        # body.read_create or read_compaction: the JSON parsed, checked and mapped (a large
+        # body in the worker process).
+        self.map = read
         self.starts_response = True
         self.decoded: Any = None
 
@@ -345,5 +365,5 @@ class _Body:
         return bad("body", f"the request is {len(self.raw)} bytes, at most {limit} (ANTWORT_MAX_REQUEST_BYTES)")
 
     async def decode(self) -> Any:
-        self.decoded = self.map(_json(self.raw))
+        self.decoded = await self.map(self.raw)
         return self.decoded

@@ -3,9 +3,13 @@ offending parameter named by its JSON path (core paths name protobuf fields: tra
 
 from __future__ import annotations
 
+import logging
 import re
+import sys
+from typing import Any
 
 import grpc
+from aiohttp.http_exceptions import HttpProcessingError
 
 from antwort_grpc.errors import RequestError
 from antwort_grpc.http.jsonread import JSON
@@ -80,3 +84,25 @@ def plain_error(status: int, code: str, message: str, param: str | None = None) 
     """An error the door itself finds (a body too large, not JSON, an unknown route)."""
     kind = TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"type": kind, "code": code, "message": message, "param": param}}
+
+
+class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's server log (`aiohttp.server`), with a request aiohttp could not parse itself (a
+    malformed request line, a header past its size) as one WARNING line: anyone can send such
+    bytes, and aiohttp logs each as an ERROR with its traceback. Anything else is logged as aiohttp
+    logs it."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        error = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
+        if isinstance(error, HttpProcessingError):
+            remote = args[0] if args else "?"
+            said = error.message.encode("ascii", "backslashreplace").decode("ascii")[:200]
+            self.warning("a malformed HTTP request from %s was refused (%s): %s", remote, error.code, said)
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        return msg, kwargs
+
+
+server_log: Any = _ServerLog(logging.getLogger("aiohttp.server"), {})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ from antwort_grpc.http.jsonread import (
     optional_string,
     string,
 )
+from antwort_grpc.structs import struct_json
 
 S = pb.ResponseStatus
 
@@ -536,16 +538,20 @@ def item_json(item: pb.Item) -> JSON:
     }
 
 
-def tool_json(tool: pb.Tool) -> JSON:
+def tool_json(tool: pb.Tool, raw: bool = False) -> JSON:
+    """A tool as the spec's; `raw`: its schema as RawJSON (for `dumps`), not converted again."""
     kind = tool.WhichOneof("kind")
     body: JSON
     if kind == "function":
         function = tool.function
+        parameters: Any = None
+        if function.HasField("parameters"):
+            parameters = RawJSON(struct_json(function.parameters)) if raw else MessageToDict(function.parameters)
         body = {
             "type": "function",
             "name": function.name,
             "description": function.description or None,
-            "parameters": MessageToDict(function.parameters) if function.HasField("parameters") else None,
+            "parameters": parameters,
             "strict": function.strict,
         }
     elif kind == "mcp":
@@ -628,7 +634,9 @@ def response_json(response: pb.Response, background: bool = False) -> JSON:
         "previous_response_id": response.previous_response_id or None,
         "instructions": response.instructions or None,
         "output": [item_json(item) for item in response.output],
-        "tools": [tool_json(tool) for tool in response.tools],
+        # The schemas' JSON kept from the request's check: converting them again for each of
+        # a response's lifecycle events held the event loop 100 ms and more for 1 MiB of tools.
+        "tools": [tool_json(tool, raw=True) for tool in response.tools],
         "tool_choice": tool_choice_json(response.tool_choice),
         "truncation": "auto" if response.truncation == pb.Truncation.TRUNCATION_AUTO else "disabled",
         "parallel_tool_calls": response.parallel_tool_calls,
@@ -803,4 +811,42 @@ def _extension_payload(payload: Any) -> JSON:
 def sse(body: JSON) -> bytes:
     """One server-sent event: its type as the event name, its JSON as the data."""
     name: str = body["type"]
-    return b"event: " + name.encode() + b"\ndata: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+    return b"event: " + name.encode() + b"\ndata: " + dumps(body).encode() + b"\n\n"
+
+
+class RawJSON:
+    """JSON text that `dumps` puts into a document as it is (a tool's schema, whose text the
+    request's check keeps: structs.struct_json)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+# What stands for a RawJSON while the document is encoded, then replaced by its text: no client's
+# string can be it (a secret of the process), and one that were is told apart by the count.
+_STAND_IN = "\x00antwort-raw-" + secrets.token_hex(12)
+_ENCODED_STAND_IN = json.dumps(_STAND_IN)
+
+
+def dumps(value: Any) -> str:
+    """`value` as compact JSON text, its RawJSON parts spliced in as they are."""
+    texts: list[str] = []
+
+    def stand_in(part: object) -> str:
+        if not isinstance(part, RawJSON):
+            raise TypeError(f"Object of type {type(part).__name__} is not JSON serializable")
+        texts.append(part.text)
+        return _STAND_IN
+
+    encoded = json.dumps(value, separators=(",", ":"), default=stand_in)
+    if not texts:
+        return encoded
+    pieces = encoded.split(_ENCODED_STAND_IN)
+    if len(pieces) != len(texts) + 1:
+        return json.dumps(value, separators=(",", ":"), default=lambda part: json.loads(part.text))
+    spliced = [pieces[0]]
+    for text, piece in zip(texts, pieces[1:], strict=True):
+        spliced += [text, piece]
+    return "".join(spliced)

@@ -4,7 +4,6 @@ the last one kept for the JSON answer of one that does not."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol
@@ -15,7 +14,7 @@ from aiohttp import web
 from antwort_grpc import pb
 from antwort_grpc.errors import RequestError
 from antwort_grpc.http.errors import error_json
-from antwort_grpc.http.mapping import event_json, response_json, sse
+from antwort_grpc.http.mapping import dumps, event_json, response_json, sse
 
 log = logging.getLogger(__name__)
 
@@ -112,4 +111,4 @@ class EventWriter:
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+    return dumps(value)
