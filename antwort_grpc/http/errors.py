@@ -96,7 +96,8 @@ class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
         error = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
         if isinstance(error, HttpProcessingError):
             remote = args[0] if args else "?"
-            said = error.message.encode("ascii", "backslashreplace").decode("ascii")[:200]
+            # One line, whatever bytes the client sent: aiohttp's text may hold several.
+            said = " ".join(error.message.encode("ascii", "backslashreplace").decode("ascii").split())[:200]
             self.warning("a malformed HTTP request from %s was refused (%s): %s", remote, error.code, said)
             return
         super().exception(msg, *args, exc_info=exc_info, **kwargs)
