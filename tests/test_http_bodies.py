@@ -16,7 +16,6 @@ import aiohttp
 import pytest
 
 from antwort_grpc import offload
-from antwort_grpc.http import body as http_body
 from antwort_grpc.providers.scripted import ScriptedProvider, Text
 from tests.http_harness import Doors, assert_schema, running_doors
 
@@ -96,6 +95,8 @@ async def test_a_large_body_is_parsed_and_mapped_in_the_worker_process_while_the
     """A body over INLINE_BYTES is mapped in the worker process (never by this process's
     mapping), and the event loop goes on meanwhile: a task that counts its turns counts some
     while the body is read."""
+    from antwort_grpc.http import body as http_body
+
     mapped_here: list[int] = []
     mapping = http_body.create_request
 

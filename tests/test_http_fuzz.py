@@ -1,11 +1,14 @@
 """Any JSON a client may send to `POST /v1/responses` gets a typed answer: a response (200) or the
 spec's error object with a 4xx status naming a parameter, never a 500 or a dropped connection.
-Generated bodies: the spec's parameters with values of any JSON type, items and tools of any shape."""
+Generated bodies: the spec's parameters with values of any JSON type, items and tools of any shape;
+and any bytes: valid bodies mutated at random (bytes flipped, cut, repeated, invalid Unicode and
+deep nesting spliced in), sent to the create, compact and control routes."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import random
 import threading
 import urllib.error
 import urllib.request
@@ -100,10 +103,11 @@ class Door:
             self.ready.set()
             await self.stop.wait()
 
-    def post(self, body: Any) -> tuple[int, Any]:
-        request = urllib.request.Request(
-            self.url + "/v1/responses", json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
+    def post(self, body: Any, path: str = "/v1/responses") -> tuple[int, Any]:
+        return self.post_raw(json.dumps(body).encode(), path)
+
+    def post_raw(self, data: bytes, path: str = "/v1/responses") -> tuple[int, Any]:
+        request = urllib.request.Request(self.url + path, data, {"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 return response.status, response.read()
@@ -144,3 +148,82 @@ def test_any_json_body_gets_a_response_or_a_spec_error_naming_a_parameter(door: 
 def test_the_generated_bodies_reached_the_core_too(door: Door) -> None:
     """Run after the property: some bodies were answered, not all refused by the door's checks."""
     assert 200 in door.statuses and any(status != 200 for status in door.statuses), sorted(set(door.statuses))
+
+
+# ------------------------------------------------------------------------- mutated bytes
+
+SEED_BODIES = [
+    {"model": "", "input": "hi"},
+    {"model": "", "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}], "stream": True},
+    {
+        "model": "",
+        "input": [{"type": "function_call_output", "call_id": "c1", "output": "42"}],
+        "instructions": "be brief",
+        "metadata": {"k": "v"},
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"a": {}}}}],
+        "tool_choice": {"type": "function", "name": "f"},
+    },
+    {"input": "x", "reason": "why", "approval_request_id": "a1", "approve": True},
+]
+# What a mutation splices in: invalid Unicode (escaped and raw), deep nesting, numbers JSON or
+# Python cannot hold, broken escapes and structure.
+SPLICES = [
+    b'"\\ud800"',
+    b'"\\udc00x"',
+    b'"a\\ud83d"',
+    b"\\ud800",
+    b"\\u00",
+    b"\xed\xa0\x80",
+    b"\xff\xfe",
+    b"\x00",
+    b"[" * 1000,
+    b"{" * 200,
+    b'{"a":' * 120 + b"1" + b"}" * 120,
+    b"[" * 90 + b"]" * 90,
+    b"NaN",
+    b"-Infinity",
+    b"1e999",
+    b"9" * 5000,
+    b"null",
+    b"true",
+    b'"',
+    b",",
+    b":",
+    b"}",
+    b"]",
+]
+ROUTES = ["/v1/responses"] * 6 + ["/v1/responses/compact", "/v1/responses/resp_x/steer", "/v1/responses/resp_x/pause"]
+
+
+def mutated(rng: random.Random) -> bytes:
+    data = bytearray(json.dumps(rng.choice(SEED_BODIES)).encode())
+    for _ in range(rng.randint(1, 3)):
+        at = rng.randrange(len(data) + 1)
+        operation = rng.randrange(6)
+        if operation == 0 and data:
+            data[min(at, len(data) - 1)] = rng.randrange(256)
+        elif operation == 1:
+            data[at:at] = rng.choice(SPLICES)
+        elif operation == 2:
+            del data[at : at + rng.randint(1, 8)]
+        elif operation == 3:
+            data[at:at] = data[at : at + rng.randint(1, 16)] * rng.randint(2, 50)
+        elif operation == 4:
+            # A string's contents replaced by an escape that is no character.
+            quote = data.find(b'"', at)
+            if quote >= 0:
+                data[quote + 1 : quote + 1] = rng.choice([b"\\ud800", b"\\udfff", b"\\ud800\\ud800"])
+        else:
+            del data[at:]
+    return bytes(data)
+
+
+def test_random_mutations_of_bodies_are_never_a_500(door: Door) -> None:
+    rng = random.Random(20261127)
+    failures = []
+    for n in range(1500):
+        data, route = mutated(rng), rng.choice(ROUTES)
+        status, raw = door.post_raw(data, route)
+        if status >= 500:
+            failures.append((n, route, status, data[:200], raw[:300]))
+    assert not failures, (len(failures), failures[:5])
