@@ -73,6 +73,9 @@ class GatewaySettings(BaseSettings):
     max_schema_depth: int = 20
     max_tools_bytes: int = Field(default=1024 * 1024, gt=0)
     max_input_items: int = 2048
+    # Content parts of every input message together (docs/limits.md: what bounds the objects a
+    # request makes, as bytes do not: 8 MB of one-character parts is 900,000 of them).
+    max_content_parts: int = Field(default=8192, gt=0)
     max_metadata: int = 16
     # A request that starts a response, serialized (0: only the gRPC message limit, 32 MiB).
     max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=0)

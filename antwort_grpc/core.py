@@ -252,6 +252,7 @@ def request_limits(settings: GatewaySettings) -> Limits:
         max_schema_depth=settings.max_schema_depth,
         max_tools_bytes=settings.max_tools_bytes,
         max_input_items=settings.max_input_items,
+        max_content_parts=settings.max_content_parts,
         max_metadata=settings.max_metadata,
         max_request_bytes=settings.max_request_bytes,
         max_control_items=settings.max_control_items,

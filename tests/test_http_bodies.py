@@ -84,6 +84,10 @@ async def test_the_item_count_is_checked_before_any_item_is_mapped() -> None:
         status, answer = await post_raw(doors, "/v1/responses", encoded({"model": MODEL, "input": items}))
         assert_refused(status, answer, 400, "input")
         assert "at most 2048 items (this request has 3000" in answer["error"]["message"]
+        many = [{"role": "user", "content": [{"type": "input_text", "text": "x"}] * 4097}] * 2 + [{"type": "x"}]
+        status, answer = await post_raw(doors, "/v1/responses", encoded({"model": MODEL, "input": many}))
+        assert_refused(status, answer, 400, "input")
+        assert "at most 8192 content parts in all (this has 8194" in answer["error"]["message"]
         tools = [{"type": "function", "name": f"t{n}"} for n in range(129)] + [{"type": "no such tool"}]
         status, answer = await post_raw(doors, "/v1/responses", encoded({"model": MODEL, "input": "x", "tools": tools}))
         assert_refused(status, answer, 400, "tools")

@@ -153,6 +153,13 @@ def items(count: int) -> pb.ItemList:
     return pb.ItemList(items=[pb.Item(message=pb.Message(role=pb.Role.ROLE_USER, content=[part]))] * count)
 
 
+def parts(messages: int, each: int) -> pb.ItemList:
+    """`messages` user messages of `each` one-character parts."""
+    part = pb.ContentPart(input_text=pb.InputText(text="x"))
+    message = pb.Item(message=pb.Message(role=pb.Role.ROLE_USER, content=[part] * each))
+    return pb.ItemList(items=[message] * messages)
+
+
 OVER_THE_LIMITS = {
     "129 tools": (pb.CreateResponseRequest(input_text="hi", tools=many_tools(129)), "tools"),
     "a schema over 64 KiB": (
@@ -168,6 +175,7 @@ OVER_THE_LIMITS = {
         "tools[0].function.parameters",
     ),
     "2049 items": (pb.CreateResponseRequest(input_items=items(2049)), "input_items.items"),
+    "8193 content parts in 2 messages": (pb.CreateResponseRequest(input_items=parts(2, 4097)), "input_items.items"),
     "a long previous_response_id": (
         pb.CreateResponseRequest(input_text="hi", previous_response_id="r" * (MAX_ID_CHARS + 1)),
         "previous_response_id",
@@ -216,7 +224,12 @@ async def test_limits_are_settings() -> None:
         max_schema_depth=3,
         max_schema_bytes=200,
         max_tools_bytes=1000,
+        max_content_parts=3,
     ) as gw:
+        assert (
+            "content parts"
+            in (await rejected(gw, pb.CreateResponseRequest(input_items=parts(1, 4))))["input_items.items"]
+        )
         assert "tools" in await rejected(gw, pb.CreateResponseRequest(input_text="hi", tools=many_tools(3)))
         assert "input_items.items" in await rejected(gw, pb.CreateResponseRequest(input_items=items(2)))
         two = {"a": "1", "b": "2"}

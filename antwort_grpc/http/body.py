@@ -36,6 +36,7 @@ from antwort_grpc.http.jsonread import fail
 from antwort_grpc.http.mapping import create_request
 from antwort_grpc.offload import off_loop, off_process
 from antwort_grpc.responses.request_limits import Limits
+from antwort_grpc.responses.validation import content_parts_violation
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -201,6 +202,13 @@ def bounded(body: object, limits: Limits) -> object:
         fail(
             "input", f"at most {limits.max_input_items} items (this request has {len(items)}; ANTWORT_MAX_INPUT_ITEMS)"
         )
+    if isinstance(items, list):
+        parts = sum(
+            len(item["content"]) for item in items if isinstance(item, dict) and isinstance(item.get("content"), list)
+        )
+        if parts > limits.max_content_parts:
+            violation = content_parts_violation("input", parts, limits)
+            fail(violation.field, violation.description)
     tools = body.get("tools")
     if isinstance(tools, list):
         if len(tools) > limits.max_tools:

@@ -21,6 +21,11 @@ class Limits:
     # costs seconds of CPU on the event loop (docs/limits.md).
     max_tools_bytes: int = 1024 * 1024
     max_input_items: int = 2048
+    # Content parts of all input messages together. The items' count and the request's bytes do
+    # not bound how many objects it makes: 2,048 messages of one-character parts fit 900,000
+    # parts in 8 MB, each parsed, checked, copied and encoded for the backend (4 such requests
+    # held gRPC health 0.7 s; docs/limits.md). Four on average is more than clients send.
+    max_content_parts: int = 8192
     max_metadata: int = 16
     # A request that starts a response, serialized; refused before it is parsed (server.decode).
     # What it costs grows with its bytes: four at 8 MiB at once keep health checks answered

@@ -93,6 +93,11 @@ def _check_request_tools(
             _check_choice(request.tool_choice, function_names, hosted, limits, v)
 
 
+def content_parts_violation(field: str, parts: int, limits: Limits) -> FieldViolation:
+    most = limits.max_content_parts
+    return FieldViolation(field, f"at most {most} content parts in all (this has {parts}; ANTWORT_MAX_CONTENT_PARTS)")
+
+
 def check_id(field: str, value: str, v: list[FieldViolation]) -> None:
     if len(value) > MAX_ID_CHARS:
         v.append(FieldViolation(field, f"at most {MAX_ID_CHARS} characters"))
@@ -113,6 +118,11 @@ def _check_input(request: pb.CreateResponseRequest, limits: Limits, v: list[Fiel
                 "input_items.items", f"at most {limits.max_input_items} items (this request has {len(items)})"
             )
         )
+        return
+    parts = sum(len(item.message.content) for item in items)
+    if parts > limits.max_content_parts:
+        # Not looked at one by one: that is the work the limit is there to bound.
+        v.append(content_parts_violation("input_items.items", parts, limits))
         return
     for n, item in enumerate(items):
         _check_item(item, f"input_items.items[{n}]", v)
