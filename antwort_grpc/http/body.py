@@ -35,6 +35,7 @@ from antwort_grpc.http.compaction import compaction_request
 from antwort_grpc.http.jsonread import fail
 from antwort_grpc.http.mapping import create_request
 from antwort_grpc.offload import off_loop, off_process
+from antwort_grpc.protowire import parse_in_pieces
 from antwort_grpc.responses.request_limits import Limits
 from antwort_grpc.responses.validation import content_parts_violation
 
@@ -329,7 +330,7 @@ def _unpacked(mapped: Mapped) -> Mapped:
 
 async def _parsed(message: type[M], wire: bytes) -> M:
     if len(wire) > PARSE_IN_THREAD_BYTES:
-        return await off_loop(message.FromString, wire)
+        return await off_loop(parse_in_pieces, message, wire)
     return message.FromString(wire)
 
 

@@ -25,10 +25,11 @@ from google.protobuf.message_factory import GetMessageClass
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.grpc_status import abort
 from antwort_grpc.offload import off_loop
-from antwort_grpc.protowire import length_delimited, next_field
+from antwort_grpc.protowire import length_delimited, next_field, parse_in_pieces
 
-# Requests larger than this are parsed in a worker thread, so a 32 MiB request does not hold the
-# event loop (and every other stream) while it is parsed.
+# Requests larger than this are parsed in a worker thread, in pieces of 128 KiB
+# (protowire.parse_in_pieces), so a 32 MiB request does not hold the event loop (and every other
+# stream) while it is parsed, nor the GIL for longer than a piece.
 PARSE_IN_THREAD_BYTES = 1 << 20
 # How deep `locate` looks for the field that does not parse; past it, the path so far is named.
 LOCATE_DEPTH = 8
@@ -66,6 +67,10 @@ class RawRequest:
         raw, parse = self.raw, self.parse
         try:
             if len(raw) > PARSE_IN_THREAD_BYTES:
+                message_class = getattr(parse, "__self__", None)
+                if isinstance(message_class, type):
+                    # In pieces: the event loop's thread gets the GIL between them.
+                    return await off_loop(parse_in_pieces, message_class, raw)
                 return await off_loop(parse, raw)
             return parse(raw)
         except DecodeError as err:
