@@ -43,9 +43,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 M = TypeVar("M", bound=Message)
 
-# Up to this many bytes a body is parsed and mapped on the event loop (at most about 2 ms);
-# larger ones in the worker process.
-INLINE_BYTES = 64 * 1024
+# Up to this many bytes a body is parsed and mapped on the event loop (a few ms at most: 250
+# one-word messages, or a schema of 300 properties); larger ones in the worker process, which costs
+# a round trip of about a millisecond.
+INLINE_BYTES = 8 * 1024
 # A mapped request larger than this is parsed in the worker thread (as the gRPC door does).
 PARSE_IN_THREAD_BYTES = 1 << 20
 # How deep a body may nest (objects and arrays; `{}` is 1). A request needs 24 at most (a tool's
