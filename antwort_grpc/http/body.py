@@ -24,7 +24,7 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from google.protobuf.message import Message
@@ -36,11 +36,27 @@ from antwort_grpc.http.jsonread import fail
 from antwort_grpc.http.mapping import create_request
 from antwort_grpc.offload import off_loop, off_process
 from antwort_grpc.protowire import parse_in_pieces
-from antwort_grpc.responses.request_limits import Limits
-from antwort_grpc.responses.validation import content_parts_violation
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class Limits(Protocol):
+    """What a body may hold: the core's request limits (responses/request_limits.py; the door
+    reaches them through the front, and hands them to the worker process, pickled)."""
+
+    @property
+    def max_tools(self) -> int: ...
+    @property
+    def max_schema_depth(self) -> int: ...
+    @property
+    def max_tools_bytes(self) -> int: ...
+    @property
+    def max_input_items(self) -> int: ...
+    @property
+    def max_content_parts(self) -> int: ...
+
+
 M = TypeVar("M", bound=Message)
 
 # Up to this many bytes a body is parsed and mapped on the event loop (a few ms at most: 250
@@ -196,26 +212,17 @@ def _deeper_than(value: object, limit: int) -> bool:
 
 def bounded(body: object, limits: Limits) -> object:
     """`body`, checked for what its mapping would cost before it is mapped: its counts of input
-    items and tools, and how deep each tool's schema nests."""
+    items, their content parts and tools, and how deep each schema nests."""
     if not isinstance(body, dict):
         return body
     items = body.get("input")
-    if isinstance(items, list) and len(items) > limits.max_input_items:
-        fail(
-            "input", f"at most {limits.max_input_items} items (this request has {len(items)}; ANTWORT_MAX_INPUT_ITEMS)"
-        )
     if isinstance(items, list):
-        parts = sum(
-            len(item["content"]) for item in items if isinstance(item, dict) and isinstance(item.get("content"), list)
-        )
-        if parts > limits.max_content_parts:
-            violation = content_parts_violation("input", parts, limits)
-            fail(violation.field, violation.description)
+        _count_items(items, limits)
     tools = body.get("tools")
+    depth = min(limits.max_schema_depth, MAX_CARRIED_SCHEMA_DEPTH)
     if isinstance(tools, list):
         if len(tools) > limits.max_tools:
             fail("tools", f"at most {limits.max_tools} tools (this request has {len(tools)}; ANTWORT_MAX_TOOLS)")
-        depth = min(limits.max_schema_depth, MAX_CARRIED_SCHEMA_DEPTH)
         for n, tool in enumerate(tools):
             schema = tool.get("parameters") if isinstance(tool, dict) else None
             if isinstance(schema, dict) and _deeper_than(schema, depth):
@@ -223,9 +230,21 @@ def bounded(body: object, limits: Limits) -> object:
     text = body.get("text")
     form = text.get("format") if isinstance(text, dict) else None
     schema = form.get("schema") if isinstance(form, dict) else None
-    if isinstance(schema, dict | list) and _deeper_than(schema, min(limits.max_schema_depth, MAX_CARRIED_SCHEMA_DEPTH)):
-        fail("text.format.schema", "nested more than the schema depth allowed (ANTWORT_MAX_SCHEMA_DEPTH)")
+    if isinstance(schema, dict | list) and _deeper_than(schema, depth):
+        fail("text.format.schema", f"nested more than {depth} levels deep (ANTWORT_MAX_SCHEMA_DEPTH)")
     return body
+
+
+def _count_items(items: list[Any], limits: Limits) -> None:
+    if len(items) > limits.max_input_items:
+        count = len(items)
+        fail("input", f"at most {limits.max_input_items} items (this request has {count}; ANTWORT_MAX_INPUT_ITEMS)")
+    contents = (item.get("content") if isinstance(item, dict) else None for item in items)
+    parts = sum(len(content) for content in contents if isinstance(content, list))
+    if parts > limits.max_content_parts:
+        # The same words as the core's check (responses/validation.py).
+        most = limits.max_content_parts
+        fail("input", f"at most {most} content parts in all (this has {parts}; ANTWORT_MAX_CONTENT_PARTS)")
 
 
 def _tools_within(request: pb.CreateResponseRequest, limits: Limits) -> None:

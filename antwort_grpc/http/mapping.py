@@ -12,6 +12,8 @@ from __future__ import annotations
 import base64
 import json
 import secrets
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 
 from antwort_grpc import pb
+from antwort_grpc.event_kinds import TERMINAL_EVENTS
 from antwort_grpc.http.jsonread import (
     JSON,
     array,
@@ -32,6 +35,7 @@ from antwort_grpc.http.jsonread import (
     optional_string,
     string,
 )
+from antwort_grpc.offload import off_loop
 from antwort_grpc.structs import struct_json
 
 S = pb.ResponseStatus
@@ -569,6 +573,49 @@ def tool_json(tool: pb.Tool, raw: bool = False) -> JSON:
     return body
 
 
+# The echoed tools of the responses rendered lately, by response id: a response's tools never
+# change (a continuation is another response), and its lifecycle events and reads each carry them.
+_ECHOED: OrderedDict[str, list[JSON]] = OrderedDict()
+_ECHOED_LOCK = threading.Lock()
+ECHOED_KEPT = 256
+# Past this many tools a Response's are first rendered in the worker thread: finding each
+# schema's kept JSON digests its deterministic serialization, 1-3 ms a schema; for 128 schemas
+# that held the event loop 270-430 ms on a busy host.
+RENDER_OFF_LOOP_TOOLS = 8
+# The events that carry the whole Response.
+_LIFECYCLE = TERMINAL_EVENTS | {"created", "in_progress", "queued"}
+
+
+async def echoed_tools_ready(event: pb.StreamEvent) -> None:
+    """The tools of the Response a lifecycle event carries rendered (`echoed_tools_json`) in the
+    worker thread when there are many and they were not yet, so rendering the event does not."""
+    kind = event.WhichOneof("event")
+    if kind not in _LIFECYCLE:
+        return
+    response: pb.Response = getattr(event, kind).response
+    if len(response.tools) > RENDER_OFF_LOOP_TOOLS and response.id not in _ECHOED:
+        await off_loop(echoed_tools_json, response)
+
+
+def echoed_tools_json(response: pb.Response) -> list[JSON]:
+    """A Response's tools as the spec's, their schemas as RawJSON: the JSON text their check kept,
+    not converted from the Struct again (that held the event loop 100 ms and more for 1 MiB of
+    tools, for each of a response's lifecycle events), and rendered once per response."""
+    tools = response.tools
+    if not tools:
+        return []
+    key = response.id
+    rendered = _ECHOED.get(key) if key else None
+    if rendered is None or len(rendered) != len(tools):
+        rendered = [tool_json(tool, raw=True) for tool in tools]
+        if key:
+            with _ECHOED_LOCK:
+                _ECHOED[key] = rendered
+                if len(_ECHOED) > ECHOED_KEPT:
+                    _ECHOED.popitem(last=False)
+    return rendered
+
+
 def tool_choice_json(choice: pb.ToolChoice) -> Any:
     kind = choice.WhichOneof("choice")
     if kind == "function":
@@ -634,9 +681,7 @@ def response_json(response: pb.Response, background: bool = False) -> JSON:
         "previous_response_id": response.previous_response_id or None,
         "instructions": response.instructions or None,
         "output": [item_json(item) for item in response.output],
-        # The schemas' JSON kept from the request's check: converting them again for each of
-        # a response's lifecycle events held the event loop 100 ms and more for 1 MiB of tools.
-        "tools": [tool_json(tool, raw=True) for tool in response.tools],
+        "tools": echoed_tools_json(response),
         "tool_choice": tool_choice_json(response.tool_choice),
         "truncation": "auto" if response.truncation == pb.Truncation.TRUNCATION_AUTO else "disabled",
         "parallel_tool_calls": response.parallel_tool_calls,

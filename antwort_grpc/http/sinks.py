@@ -14,7 +14,7 @@ from aiohttp import web
 from antwort_grpc import pb
 from antwort_grpc.errors import RequestError
 from antwort_grpc.http.errors import error_json
-from antwort_grpc.http.mapping import dumps, event_json, response_json, sse
+from antwort_grpc.http.mapping import dumps, echoed_tools_ready, event_json, response_json, sse
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class EventWriter:
                 return
             response = await self._prepare()
         self.number = event.sequence_number
+        await echoed_tools_ready(event)
         body = event_json(event, self.extended, self.background)
         if body is not None:
             await response.write(sse(body))
@@ -107,6 +108,7 @@ class EventWriter:
         last = self.last
         assert last is not None, "the core sent no event"
         answer: pb.Response = getattr(last, str(last.WhichOneof("event"))).response
+        await echoed_tools_ready(last)
         return web.json_response(response_json(answer, self.background), dumps=_dumps)
 
 
