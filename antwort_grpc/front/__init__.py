@@ -29,6 +29,7 @@ from antwort_grpc.front.session import ConverseSink, Session
 from antwort_grpc.front.stalls import Guard, StallWatch
 from antwort_grpc.hooks.service import Caller
 from antwort_grpc.responses.durable import Begun, Durability, idempotency_key, unavailable
+from antwort_grpc.responses.request_limits import Limits
 from antwort_grpc.responses.service import Responses, rejection
 
 __all__ = ["CONTROLS", "Call", "Compacted", "ConverseSink", "Encoded", "Front", "Metadata", "Sink", "rejection"]
@@ -65,6 +66,12 @@ class Front:
     @property
     def authenticates(self) -> bool:
         return self.edge.authenticates
+
+    @property
+    def limits(self) -> Limits:
+        """What one request may hold: a door checks what it can while decoding (counts before
+        mapping, bytes before reading)."""
+        return self.responses.limits
 
     # -------------------------------------------------------------------------- who calls
 

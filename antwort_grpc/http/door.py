@@ -209,14 +209,14 @@ class HttpDoor:
         return web.json_response({"status": "ok"})
 
     async def create(self, request: web.Request) -> web.StreamResponse:
-        limits = self.front.responses.limits
+        limits = self.front.limits
         body = _Body(await self._body(request), lambda raw: read_create(raw, limits))
         sink = EventWriter(request, _extended(request), body)
         return await sink.answered(self.front.create(_call(request, "CreateResponse"), body, sink))
 
     async def compact(self, request: web.Request) -> web.Response:
         """The spec's compaction: the conversation summarized by the model into one item."""
-        limits = self.front.responses.limits
+        limits = self.front.limits
         body = _Body(await self._body(request), lambda raw: read_compaction(raw, limits))
         compacted = await self.front.compact(_call(request, "CompactResponse"), body)
         return web.json_response(compacted_json(compacted), dumps=_dumps)
@@ -265,7 +265,7 @@ class HttpDoor:
 
     async def control(self, request: web.Request) -> web.Response:
         name = request.path.rsplit("/", 1)[1]
-        limits = self.front.responses.limits
+        limits = self.front.limits
         body = obj(await read_json(await self._body(request), limits) if request.can_read_body else {}, "body")
         control = ROUTED[name](body)
         accepted = await self.front.control(_call(request, "ControlResponse"), request.match_info["id"], control)
@@ -275,7 +275,7 @@ class HttpDoor:
         """The request's body, read within the idle timeout (a client that dribbles it is cut),
         and at most as large as a request may be on either door (a larger one is refused before
         the rest of it is read: BodyTooLarge, 413)."""
-        bound = body_limit(self.settings.max_body_bytes, self.front.responses.limits.max_request_bytes)
+        bound = body_limit(self.settings.max_body_bytes, self.front.limits.max_request_bytes)
         try:
             async with asyncio.timeout(self.settings.idle_timeout):
                 return await read_body(request, bound)
