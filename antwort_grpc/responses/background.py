@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 # handed over) waits for its last events to be written.
 RETRY_WRITE = 0.2
 FINAL_WRITE = 5.0
+# Looking for a lost run this long after its lease ran out: the claim compares `lease_until <= now`.
+EXPIRY_MARGIN = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,16 +278,30 @@ class Background:
         self._look.set()  # at start: what a previous process (or a dead replica) left
 
     async def _upkeep(self) -> None:
+        wait = self.settings.upkeep_interval
         while not self.stopping:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.upkeep_interval):
+                async with asyncio.timeout(wait):
                     await self._look.wait()
             self._look.clear()
+            wait = self.settings.upkeep_interval
             try:
                 await self.renew()
                 await self.take_over()
+                wait = await self.next_look()
             except Exception:
                 log.exception("background upkeep failed; retried")
+
+    async def next_look(self) -> float:
+        """Seconds to the next look: a quarter lease, or sooner when a lease another replica holds
+        runs out before that — so a run whose replica died is taken over as its lease ends (at
+        most one lease after the crash: the last renewal was before it), not up to a quarter
+        lease later."""
+        interval = self.settings.upkeep_interval
+        expiry = await self.runlog.next_expiry()
+        if expiry is None:
+            return interval
+        return min(interval, expiry + EXPIRY_MARGIN)
 
     async def renew(self) -> None:
         lost = await self.runlog.renew(list(self.runners), self.settings.lease_seconds)

@@ -130,6 +130,11 @@ class RunLog(Protocol):
         """Take over up to `limit` runs whose lease ran out (or was handed over)."""
         ...
 
+    async def next_expiry(self) -> float | None:
+        """Seconds until the first lease another replica holds on a running run runs out (None:
+        none that has not run out already): the next look for lost runs is due then."""
+        ...
+
     def watch(self, response_id: str, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback` (on the event loop) whenever events are appended to that log, here or
         on another replica; returns the function that stops watching."""
