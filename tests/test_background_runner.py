@@ -3,18 +3,24 @@ with a log whose writes fail for a while: a unit test of the Runner's write path
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
+
+import pytest
 
 from antwort_grpc import pb
 from antwort_grpc.engine import Engine
+from antwort_grpc.providers.base import Completion, FinishReason, ProviderEvent, TextDelta, TurnEnd, TurnRequest
 from antwort_grpc.providers.scripted import ScriptedProvider, Text
 from antwort_grpc.responses import background
 from antwort_grpc.responses.background import Background, DurableSettings, Runner
 from antwort_grpc.storage.base import StoredResponse
-from antwort_grpc.storage.memory import MemoryStore
+from antwort_grpc.storage.memory import MemoryDatabase, MemoryStore
 from antwort_grpc.storage.options import StoreOptions
 from antwort_grpc.storage.runlog import Checkpoint
 from tests.harness import assert_valid_stream
+from tests.storage.conftest import FakeClock
 
 
 class FlakyLog:
@@ -72,3 +78,83 @@ async def test_a_run_that_ended_before_its_terminal_event_was_logged_gets_it_and
     (last,) = await store.runlog.events("resp_done", 5, 10)
     assert pb.StreamEvent.FromString(last[1]).completed.response == response
     assert provider.requests == []
+
+
+async def test_the_next_look_for_lost_runs_is_due_when_a_lease_of_another_replica_runs_out() -> None:
+    clock = FakeClock()
+    database = MemoryDatabase()
+    settings = DurableSettings(lease_seconds=10.0)
+    dead = MemoryStore(StoreOptions(clock=clock), database)
+    survivor = MemoryStore(StoreOptions(clock=clock), database)
+    engine = Engine(ScriptedProvider([[Text("unused")]]), survivor)
+    look = Background(engine, survivor, survivor.runlog, settings)
+    assert await look.next_look() == settings.upkeep_interval
+    # The replica that died renewed its lease last 9 s ago: it runs out in 1 s, sooner than a
+    # quarter lease; the survivor looks then, not a quarter lease later.
+    await dead.runlog.begin("resp_1", "", b"request", settings.lease_seconds)
+    clock.advance(9)
+    assert await look.next_look() == pytest.approx(1.0 + background.EXPIRY_MARGIN)
+    clock.advance(2)
+    assert await look.next_look() == settings.upkeep_interval
+
+
+class Stalls:
+    """A model that streams a few words and then never goes on (its replica is about to die)."""
+
+    def __init__(self, *words: str) -> None:
+        self.words = words
+        self.streamed = asyncio.Event()
+
+    async def stream(self, turn: TurnRequest) -> AsyncIterator[ProviderEvent]:
+        for word in self.words:
+            yield TextDelta(word)
+        self.streamed.set()
+        await asyncio.Event().wait()
+        yield TurnEnd(FinishReason.STOP)  # never reached
+
+    async def complete(self, turn: TurnRequest) -> Completion:
+        raise AssertionError("background runs stream")
+
+
+async def test_a_run_resumed_after_its_replica_died_mid_message_closes_the_turn_and_keeps_the_logged_text() -> None:
+    clock = FakeClock()
+    database = MemoryDatabase()
+    settings = DurableSettings(lease_seconds=10.0)
+    lost_store = MemoryStore(StoreOptions(clock=clock, instance_id="lost"), database)
+    stalls = Stalls("Hello ", "wor")
+    lost = Background(Engine(stalls, lost_store), lost_store, lost_store.runlog, settings)
+    request = pb.CreateResponseRequest(model="scripted", input_text="greet", stream=True, background=True)
+    run = await lost.engine.start(request)
+    runner = await lost.begin(run)
+    await stalls.streamed.wait()
+    await asyncio.sleep(0.05)  # the deltas reach the log
+    # The replica dies: what it produced was written, its lease stays until it runs out.
+    await runner.hand_over()
+    clock.advance(settings.lease_seconds + 1)
+    survivor_store = MemoryStore(StoreOptions(clock=clock, instance_id="survivor"), database)
+    survivor = Background(
+        Engine(ScriptedProvider([[Text("Hello world, again.")]]), survivor_store),
+        survivor_store,
+        survivor_store.runlog,
+        settings,
+    )
+    assert await survivor.take_over() == 1
+    resumed = survivor.runners[run.response_id]
+    assert resumed.task is not None
+    await resumed.task
+    events = [
+        pb.StreamEvent.FromString(data) for _, data in await survivor_store.runlog.events(run.response_id, 0, 999)
+    ]
+    assert_valid_stream(events)
+    names = [e.WhichOneof("event") for e in events]
+    at = names.index("recovered")
+    closing = names[at + 1 : names.index("turn_started", at)]
+    assert closing == ["output_text_done", "content_part_done", "output_item_done", "turn_decided", "turn_completed"]
+    assert events[at + 1].output_text_done.text == "Hello wor"
+    assert events[at + 4].turn_decided.decision == pb.TurnDecision.TURN_DECISION_INTERRUPTED
+    assert events[at + 5].turn_completed.turn == 1 and events[at + 5].turn_completed.interrupted == "replica_lost"
+    final = events[-1].completed.response
+    superseded, answer = final.output
+    assert superseded.status == pb.ItemStatus.ITEM_STATUS_INCOMPLETE
+    assert superseded.message.content[0].output_text.text == "Hello wor"
+    assert answer.message.content[0].output_text.text == "Hello world, again."

@@ -157,7 +157,10 @@ class Engine:
         tools = await resolve_tools(request.tools, self.config.executors)
         limits = self.config.limits
         seen = list(response.output)
-        superseded = durable.superseded_items(resumed.tail, len(seen))
+        # A checkpoint taken before a turn's calls run shows them without outputs: that turn
+        # was open (and decided).
+        open_turn = resumed.turn if durable.unanswered(seen) else 0
+        superseded = durable.superseded_items(resumed.tail, len(seen), open_turn)
         for index in sorted(superseded.items):
             response.output.append(superseded.items[index])
         setup = RunSetup(
@@ -175,8 +178,7 @@ class Engine:
         recovery = None
         if resumed.last_sequence_number:
             # Lost before its first event was logged: it starts as any response does.
-            recovery = [emitter.recovered(resumed.last_sequence_number, resumed.turn, resumed.reason)]
-            recovery += [emitter.superseded(i, superseded.items[i]) for i in superseded.still_open]
+            recovery = durable.recovery(emitter, resumed, superseded)
         run.restore(resumed.turn + superseded.turns, resumed.round, recovery)
         self.runs.add(run)
         if run.limits.max_duration is not None:

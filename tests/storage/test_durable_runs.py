@@ -305,7 +305,18 @@ async def test_kill_9_of_the_replica_running_20_background_runs_leaves_them_all_
         # What the lost replica had begun stays, incomplete; the model's answer made again follows.
         superseded, answer = ended[0].output
         assert superseded.status == pb.ItemStatus.ITEM_STATUS_INCOMPLETE
+        # It keeps the text the lost replica had logged (the stream validator checked its deltas).
+        assert output_text_of(superseded).startswith("slow slow")
         assert output_text_of(answer) == "answer to plain 0"
+        # The turn the replica died in was closed by the survivor, naming why; the tool runs'
+        # executions it had begun ended (the idempotent one then ran again, paired).
+        closed = [e.turn_completed for e in streams[0] if kinds([e]) == ["turn_completed"]]
+        assert [(t.turn, t.interrupted) for t in closed] == [(1, "replica_lost"), (2, "")]
+        charge_events = [kinds([e])[0] for e in streams[18] if kinds([e])[0].startswith("tool_execution")]
+        assert charge_events == ["tool_execution_in_progress", "tool_execution_failed"]
+        lookup_events = [kinds([e])[0] for e in streams[19] if kinds([e])[0].startswith("tool_execution")]
+        interrupted_then_rerun = ["in_progress", "failed", "in_progress", "completed"]
+        assert lookup_events == [f"tool_execution_{k}" for k in interrupted_then_rerun]
 
 
 async def test_a_rolling_restart_under_50_background_runs_completes_all_50(postgres_admin_url: str) -> None:
