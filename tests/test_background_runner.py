@@ -1,4 +1,4 @@
-"""The background runner (responses/background.py) on a real engine and the memory store's log,
+"""The background runner (durable/runner.py, durable/takeover.py) on a real engine and the memory store's log,
 with a log whose writes fail for a while: a unit test of the Runner's write path."""
 
 from __future__ import annotations
@@ -10,11 +10,14 @@ from typing import Any
 import pytest
 
 from antwort_grpc import pb
+from antwort_grpc.durable import runner as runner_module
+from antwort_grpc.durable import takeover
+from antwort_grpc.durable.runner import Runner
+from antwort_grpc.durable.settings import DurableSettings
+from antwort_grpc.durable.takeover import Background
 from antwort_grpc.engine import Engine
 from antwort_grpc.providers.base import Completion, FinishReason, ProviderEvent, TextDelta, TurnEnd, TurnRequest
 from antwort_grpc.providers.scripted import ScriptedProvider, Text
-from antwort_grpc.responses import background
-from antwort_grpc.responses.background import Background, DurableSettings, Runner
 from antwort_grpc.storage.base import StoredResponse
 from antwort_grpc.storage.memory import MemoryDatabase, MemoryStore
 from antwort_grpc.storage.options import StoreOptions
@@ -41,7 +44,7 @@ class FlakyLog:
 
 
 async def test_a_failed_log_write_is_retried_and_readers_never_see_a_gap(monkeypatch: Any) -> None:
-    monkeypatch.setattr(background, "RETRY_WRITE", 0.01)
+    monkeypatch.setattr(runner_module, "RETRY_WRITE", 0.01)
     store = MemoryStore()
     engine = Engine(ScriptedProvider([[Text("one two three four")]]), store)
     request = pb.CreateResponseRequest(model="scripted", input_text="count", stream=True, background=True)
@@ -93,7 +96,7 @@ async def test_the_next_look_for_lost_runs_is_due_when_a_lease_of_another_replic
     # quarter lease; the survivor looks then, not a quarter lease later.
     await dead.runlog.begin("resp_1", "", b"request", settings.lease_seconds)
     clock.advance(9)
-    assert await look.next_look() == pytest.approx(1.0 + background.EXPIRY_MARGIN)
+    assert await look.next_look() == pytest.approx(1.0 + takeover.EXPIRY_MARGIN)
     clock.advance(2)
     assert await look.next_look() == settings.upkeep_interval
 
