@@ -184,7 +184,8 @@ class Background:
             response = pb.Response.FromString(checkpoint.response)
             turn, round_ = checkpoint.turn, checkpoint.round
         request = pb.CreateResponseRequest.FromString(claim.request)
-        resumed = Resumed(response, turn, round_, claim.last_sequence_number, claim.tail, claim.reason)
+        at = checkpoint.sequence_number if checkpoint is not None else 0
+        resumed = Resumed(response, turn, round_, claim.last_sequence_number, claim.tail, claim.reason, at)
         run = await self.engine.resume(request, record, resumed)
         log.info("background response %s resumed after turn %d (%s)", claim.response_id, turn, claim.reason)
         self.resumed.append(claim.response_id)

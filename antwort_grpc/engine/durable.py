@@ -43,6 +43,8 @@ class Resumed:
     tail: list[bytes]
     # Why the run changed replica (storage.runlog: replica_lost or handed_over).
     reason: str
+    # The sequence number the checkpoint was taken at (0: the run's start, before any event).
+    at: int = 0
 
 
 @dataclass(slots=True)
@@ -204,11 +206,31 @@ def recovery(emitter: ResponseEmitter, resumed: Resumed, superseded: Superseded)
     return events
 
 
-def interrupted_calls(output: list[pb.Item], tools: ToolSet) -> Continuation:
-    """The server-side calls of the checkpoint without an output: idempotent ones run again, the
-    others get an is_error output."""
+def resumed_continuation(resumed: Resumed, started: Continuation, tools: ToolSet) -> Continuation:
+    """What the resumed run starts with. `started`: what the response started with (a
+    continuation of an earlier response's calls; the checkpoint's Response has no outputs for
+    them yet when the run was lost before they ended). A checkpoint taken at the run's start
+    (nothing logged) leaves them to go through their gates again, as at the start; a later one
+    was taken when they had passed them and were about to run (or after), so they, and the
+    checkpoint's own calls without an output (a turn's, checkpointed before they ran), may have
+    run: `interrupted_calls`."""
+    output = list(resumed.response.output)
+    answered = {i.function_call_output.call_id for i in output if i.WhichOneof("kind") == "function_call_output"}
+    calls = [c for c in started.calls if c.call_id not in answered]
+    outputs = [o for o in started.outputs if o.call_id not in answered]
+    if not resumed.at:
+        return Continuation(calls, outputs, list(started.handoff), set(started.approved))
+    again = interrupted_calls(calls + unanswered(output), tools)
+    again.outputs = outputs + again.outputs
+    again.handoff = list(started.handoff)
+    return again
+
+
+def interrupted_calls(calls: list[pb.FunctionCall], tools: ToolSet) -> Continuation:
+    """Server-side calls that may have been running when the replica stopped: idempotent ones run
+    again, the others get an is_error output."""
     resumed = Continuation()
-    for call in unanswered(output):
+    for call in calls:
         route = tools.routes.get(call.name)
         if route is None or route.executor is None:
             continue  # the client's to run: the response ended for it before any checkpoint
