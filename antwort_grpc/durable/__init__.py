@@ -13,6 +13,6 @@ idempotency keys, and runs that survive their replica.
 What the store keeps is its part (storage/runlog.py: four small protocols — event log,
 checkpoints, leases, idempotency keys — each implemented by the memory, SQLite and PostgreSQL
 stores); what a resumed run starts with is the engine's (engine/durable.py). The responses layer
-builds its `Durability` from the `DurableParts` the composition root gives it; the doors adapt
-it (server/durable_rpc.py, http/durable.py).
+builds its `Durability` from the `DurableParts` the composition root gives it; the front (front/)
+decides what a durable create answers, for every door.
 """
