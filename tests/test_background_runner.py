@@ -119,6 +119,16 @@ class Stalls:
         raise AssertionError("background runs stream")
 
 
+async def logged(store: MemoryStore, response_id: str, delta: str) -> None:
+    """Returns once the log holds that text delta."""
+    async with asyncio.timeout(10):
+        while True:
+            events = [pb.StreamEvent.FromString(data) for _, data in await store.runlog.events(response_id, 0, 999)]
+            if any(e.output_text_delta.delta == delta for e in events):
+                return
+            await asyncio.sleep(0.01)
+
+
 async def test_a_run_resumed_after_its_replica_died_mid_message_closes_the_turn_and_keeps_the_logged_text() -> None:
     clock = FakeClock()
     database = MemoryDatabase()
@@ -130,7 +140,7 @@ async def test_a_run_resumed_after_its_replica_died_mid_message_closes_the_turn_
     run = await lost.engine.start(request)
     runner = await lost.begin(run)
     await stalls.streamed.wait()
-    await asyncio.sleep(0.05)  # the deltas reach the log
+    await logged(lost_store, run.response_id, "wor")
     # The replica dies: what it produced was written, its lease stays until it runs out.
     await runner.hand_over()
     clock.advance(settings.lease_seconds + 1)
