@@ -18,6 +18,8 @@ from antwort_grpc import machine
 from antwort_grpc.auth.build import build_authenticator
 from antwort_grpc.auth.identity import Authenticator
 from antwort_grpc.config import GatewaySettings
+from antwort_grpc.durable.creates import Durability, DurableParts
+from antwort_grpc.durable.settings import DurableSettings
 from antwort_grpc.edge import Admission, ConcurrencyLimit, Edge
 from antwort_grpc.engine import Engine, EngineConfig
 from antwort_grpc.engine.budget import ControlLimits, ServerLimits
@@ -26,8 +28,6 @@ from antwort_grpc.front import Front
 from antwort_grpc.hooks import Dispatcher, build_hooks
 from antwort_grpc.observability import Observability
 from antwort_grpc.providers.base import Provider, capabilities_of
-from antwort_grpc.responses.background import DurableSettings
-from antwort_grpc.responses.durable import Durability
 from antwort_grpc.responses.request_limits import Limits
 from antwort_grpc.responses.service import Responses
 from antwort_grpc.startup_errors import StartupError
@@ -188,13 +188,13 @@ async def build_core(settings: GatewaySettings, parts: Parts) -> Core:
         admits,
         ConcurrencyLimit(background) if background else None,
     )
-    responses = Responses(engine, store, request_limits(settings), capabilities_of(parts.provider))
-    core = Core(provider, store, executors, engine, responses, edge, authenticator, observability)
     runlog = getattr(parts.store, "runlog", None)
-    if isinstance(runlog, RunLog):
-        core.durable = responses.durable = Durability(responses, runlog, durable_settings(settings))
-        # A run taken over from another replica counts against this one's admission.
-        core.durable.background.admits = edge
+    # A run taken over from another replica counts against this one's admission (the edge).
+    durable = DurableParts(runlog, durable_settings(settings), edge) if isinstance(runlog, RunLog) else None
+    responses = Responses(engine, store, request_limits(settings), capabilities_of(parts.provider), durable)
+    core = Core(
+        provider, store, executors, engine, responses, edge, authenticator, observability, durable=responses.durable
+    )
     core.front = Front(
         responses,
         edge,

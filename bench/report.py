@@ -152,6 +152,13 @@ ROWS = [
     Row("9 durable", "attach_replay_cpu_us_per_event", "replaying a finished log of ~500 events: CPU per event (µs)"),
     Row("9 durable", "attach_replay_cpu_ratio_batched", "the same with batch_events ÷ one event per message"),
     Row("9 durable", "takeover_s", "kill -9 of the running replica → recovered on the other (s, lease 2 s)", "<=", 3),
+    Row(
+        "9 durable",
+        "takeover_s_default_lease",
+        "the same at the default lease (s, lease 10 s, one round)",
+        "<=",
+        11,
+    ),
     Row("9 durable", "handover_s", "SIGTERM of the running replica → recovered on the other (s)", "<=", 1),
     Row("10 http", "http_stream_cpu_ratio", "gateway CPU per streamed event, HTTP/SSE door ÷ gRPC door", "<=", 1.5),
     Row("10 http", "http_cpu_us_per_streamed_event", "gateway CPU per event streamed over HTTP/SSE (µs)"),

@@ -190,6 +190,8 @@ def assert_valid_stream(events: Sequence[pb.StreamEvent]) -> None:
             )
     assert not open_items, f"items added but never done: {sorted(open_items)}"
     _assert_controls(events, names)
+    if "recovered" in names:
+        _assert_closed_across_recovery(events)
     response = final(events)
     assert len(response.output) == len(done_items), "the terminal response does not hold every item"
     for index, item in done_items.items():
@@ -206,6 +208,51 @@ def assert_valid_reattachment(read: Sequence[pb.StreamEvent], after: int, rest: 
     numbers = [e.sequence_number for e in rest]
     assert numbers == list(range(after + 1, after + 1 + len(rest))), f"re-attached after {after}: {numbers}"
     assert_valid_stream([*kept, *rest])
+
+
+def _assert_closed_across_recovery(events: Sequence[pb.StreamEvent]) -> None:
+    """A background run resumed on another replica leaves nothing of the lost replica open: the
+    turn it stopped in completes (`interrupted` with the recovery's reason) before another
+    starts, every tool execution it began ends (failed, or run again: in progress once more only
+    after it ended), every content part added is done, and a begun item keeps its logged text."""
+    turn, reason, lost = 0, "", 0
+    running: set[str] = set()
+    parts: set[tuple[int, int]] = set()
+    texts: dict[tuple[int, int], str] = {}
+    for event in events:
+        name = kind(event)
+        payload = getattr(event, name)
+        if name == "recovered":
+            reason, lost = payload.reason, turn
+        elif name == "turn_started":
+            assert not turn, f"turn {payload.turn} started while turn {turn} was open"
+            turn = payload.turn
+        elif name == "turn_completed":
+            assert payload.turn == turn, f"turn_completed {payload.turn} for open turn {turn}"
+            expected = reason if turn == lost else ""
+            assert payload.interrupted == expected, f"turn {turn} completed {payload.interrupted!r}, not {expected!r}"
+            lost = 0 if turn == lost else lost
+            turn = 0
+        elif name == "tool_execution_in_progress":
+            assert payload.call_id not in running, f"tool execution {payload.call_id} begun twice"
+            running.add(payload.call_id)
+        elif name in ("tool_execution_completed", "tool_execution_failed"):
+            assert payload.call_id in running, f"{name} for {payload.call_id}, which was not running"
+            running.discard(payload.call_id)
+        elif name == "content_part_added":
+            parts.add((payload.output_index, payload.content_index))
+        elif name == "output_text_delta":
+            key = (payload.output_index, payload.content_index)
+            texts[key] = texts.get(key, "") + payload.delta
+        elif name == "content_part_done":
+            parts.discard((payload.output_index, payload.content_index))
+            if payload.part.WhichOneof("part") == "output_text":
+                logged = texts.get((payload.output_index, payload.content_index), "")
+                assert payload.part.output_text.text == logged, "a part done without the text its deltas gave"
+    assert not parts, f"content parts added but never done: {sorted(parts)}"
+    if kind(events[-1]) in ("completed", "requires_action"):
+        assert not turn, f"turn {turn} never completed"
+        assert not running, f"tool executions never ended: {sorted(running)}"
 
 
 def _assert_controls(events: Sequence[pb.StreamEvent], names: list[str]) -> None:

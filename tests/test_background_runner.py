@@ -1,20 +1,29 @@
-"""The background runner (responses/background.py) on a real engine and the memory store's log,
+"""The background runner (durable/runner.py, durable/takeover.py) on a real engine and the memory store's log,
 with a log whose writes fail for a while: a unit test of the Runner's write path."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
 from antwort_grpc import pb
+from antwort_grpc.durable import runner as runner_module
+from antwort_grpc.durable import takeover
+from antwort_grpc.durable.runner import Runner
+from antwort_grpc.durable.settings import DurableSettings
+from antwort_grpc.durable.takeover import Background
 from antwort_grpc.engine import Engine
+from antwort_grpc.providers.base import Completion, FinishReason, ProviderEvent, TextDelta, TurnEnd, TurnRequest
 from antwort_grpc.providers.scripted import ScriptedProvider, Text
-from antwort_grpc.responses import background
-from antwort_grpc.responses.background import Background, DurableSettings, Runner
 from antwort_grpc.storage.base import StoredResponse
-from antwort_grpc.storage.memory import MemoryStore
+from antwort_grpc.storage.memory import MemoryDatabase, MemoryStore
 from antwort_grpc.storage.options import StoreOptions
 from antwort_grpc.storage.runlog import Checkpoint
 from tests.harness import assert_valid_stream
+from tests.storage.conftest import FakeClock
 
 
 class FlakyLog:
@@ -35,7 +44,7 @@ class FlakyLog:
 
 
 async def test_a_failed_log_write_is_retried_and_readers_never_see_a_gap(monkeypatch: Any) -> None:
-    monkeypatch.setattr(background, "RETRY_WRITE", 0.01)
+    monkeypatch.setattr(runner_module, "RETRY_WRITE", 0.01)
     store = MemoryStore()
     engine = Engine(ScriptedProvider([[Text("one two three four")]]), store)
     request = pb.CreateResponseRequest(model="scripted", input_text="count", stream=True, background=True)
@@ -72,3 +81,93 @@ async def test_a_run_that_ended_before_its_terminal_event_was_logged_gets_it_and
     (last,) = await store.runlog.events("resp_done", 5, 10)
     assert pb.StreamEvent.FromString(last[1]).completed.response == response
     assert provider.requests == []
+
+
+async def test_the_next_look_for_lost_runs_is_due_when_a_lease_of_another_replica_runs_out() -> None:
+    clock = FakeClock()
+    database = MemoryDatabase()
+    settings = DurableSettings(lease_seconds=10.0)
+    dead = MemoryStore(StoreOptions(clock=clock), database)
+    survivor = MemoryStore(StoreOptions(clock=clock), database)
+    engine = Engine(ScriptedProvider([[Text("unused")]]), survivor)
+    look = Background(engine, survivor, survivor.runlog, settings)
+    assert await look.next_look() == settings.upkeep_interval
+    # The replica that died renewed its lease last 9 s ago: it runs out in 1 s, sooner than a
+    # quarter lease; the survivor looks then, not a quarter lease later.
+    await dead.runlog.begin("resp_1", "", b"request", settings.lease_seconds)
+    clock.advance(9)
+    assert await look.next_look() == pytest.approx(1.0 + takeover.EXPIRY_MARGIN)
+    clock.advance(2)
+    assert await look.next_look() == settings.upkeep_interval
+
+
+class Stalls:
+    """A model that streams a few words and then never goes on (its replica is about to die)."""
+
+    def __init__(self, *words: str) -> None:
+        self.words = words
+        self.streamed = asyncio.Event()
+
+    async def stream(self, turn: TurnRequest) -> AsyncIterator[ProviderEvent]:
+        for word in self.words:
+            yield TextDelta(word)
+        self.streamed.set()
+        await asyncio.Event().wait()
+        yield TurnEnd(FinishReason.STOP)  # never reached
+
+    async def complete(self, turn: TurnRequest) -> Completion:
+        raise AssertionError("background runs stream")
+
+
+async def logged(store: MemoryStore, response_id: str, delta: str) -> None:
+    """Returns once the log holds that text delta."""
+    async with asyncio.timeout(10):
+        while True:
+            events = [pb.StreamEvent.FromString(data) for _, data in await store.runlog.events(response_id, 0, 999)]
+            if any(e.output_text_delta.delta == delta for e in events):
+                return
+            await asyncio.sleep(0.01)
+
+
+async def test_a_run_resumed_after_its_replica_died_mid_message_closes_the_turn_and_keeps_the_logged_text() -> None:
+    clock = FakeClock()
+    database = MemoryDatabase()
+    settings = DurableSettings(lease_seconds=10.0)
+    lost_store = MemoryStore(StoreOptions(clock=clock, instance_id="lost"), database)
+    stalls = Stalls("Hello ", "wor")
+    lost = Background(Engine(stalls, lost_store), lost_store, lost_store.runlog, settings)
+    request = pb.CreateResponseRequest(model="scripted", input_text="greet", stream=True, background=True)
+    run = await lost.engine.start(request)
+    runner = await lost.begin(run)
+    await stalls.streamed.wait()
+    await logged(lost_store, run.response_id, "wor")
+    # The replica dies: what it produced was written, its lease stays until it runs out.
+    await runner.hand_over()
+    clock.advance(settings.lease_seconds + 1)
+    survivor_store = MemoryStore(StoreOptions(clock=clock, instance_id="survivor"), database)
+    survivor = Background(
+        Engine(ScriptedProvider([[Text("Hello world, again.")]]), survivor_store),
+        survivor_store,
+        survivor_store.runlog,
+        settings,
+    )
+    assert await survivor.take_over() == 1
+    resumed = survivor.runners[run.response_id]
+    assert resumed.task is not None
+    await resumed.task
+    events = [
+        pb.StreamEvent.FromString(data) for _, data in await survivor_store.runlog.events(run.response_id, 0, 999)
+    ]
+    assert_valid_stream(events)
+    names = [e.WhichOneof("event") for e in events]
+    at = names.index("recovered")
+    closing = names[at + 1 : names.index("turn_started", at)]
+    assert closing == ["output_text_done", "content_part_done", "output_item_done", "turn_decided", "turn_completed"]
+    assert events[at + 1].output_text_done.text == "Hello wor"
+    assert events[at + 4].turn_decided.decision == pb.TurnDecision.TURN_DECISION_INTERRUPTED
+    assert events[at + 5].turn_completed.turn == 1 and events[at + 5].turn_completed.interrupted == "replica_lost"
+    final = events[-1].completed.response
+    superseded, answer = final.output
+    assert superseded.status == pb.ItemStatus.ITEM_STATUS_INCOMPLETE
+    assert superseded.message.content[0].output_text.text == "Hello wor"
+    assert answer.message.content[0].output_text.text == "Hello world, again."

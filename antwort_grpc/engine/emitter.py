@@ -19,6 +19,7 @@ Status = pb.ItemStatus
 # Plain ints: a protobuf enum attribute lookup is a Python-level call, and these are read per item.
 COMPLETED = Status.ITEM_STATUS_COMPLETED
 IN_PROGRESS = Status.ITEM_STATUS_IN_PROGRESS
+INCOMPLETE = Status.ITEM_STATUS_INCOMPLETE
 ASSISTANT = pb.Role.ROLE_ASSISTANT
 _S = pb.ResponseStatus
 RESPONSE_COMPLETED: int = _S.RESPONSE_STATUS_COMPLETED
@@ -239,10 +240,12 @@ class ResponseEmitter:
         decided.turn, decided.decision, decided.tool_calls = turn, decision, tool_calls  # type: ignore[assignment]
         return event
 
-    def turn_completed(self, turn: int, seconds: float) -> pb.StreamEvent:
+    def turn_completed(self, turn: int, seconds: float, interrupted: str = "") -> pb.StreamEvent:
         event = pb.StreamEvent(sequence_number=self._next())
         completed = event.turn_completed
         completed.turn = turn
+        if interrupted:
+            completed.interrupted = interrupted
         # Duration.FromNanoseconds is pure Python and shows in profiles; this is the same.
         completed.duration.seconds, completed.duration.nanos = divmod(int(seconds * 1e9), 1_000_000_000)
         return event
@@ -275,9 +278,40 @@ class ResponseEmitter:
         recovered = pb.ResponseRecoveredEvent(from_turn=from_turn, reason=reason, last_sequence_number=after_sequence)
         return pb.StreamEvent(sequence_number=self._next(), recovered=recovered)
 
-    def superseded(self, index: int, item: pb.Item) -> pb.StreamEvent:
-        """An item the lost replica had begun and left open: done, incomplete."""
+    def reopen(self, index: int, part: int) -> bool:
+        """An item of the Response the lost replica had begun and left open, open here again with
+        the content it had (`part`: its content part left open, -1: none), so that `close_turn`
+        closes it as any open item. False for an item that is never streamed (`superseded`
+        closes it)."""
+        item = self.response.output[index]
+        which = item.WhichOneof("kind")
+        if which == "message":
+            msg = self._message = _OpenMessage(item, index, item.id)
+            if part >= 0:
+                content = item.message.content[part]
+                msg.part_index, msg.part_kind = part, content.WhichOneof("part") or "output_text"
+                msg.fragments = [content.refusal.refusal if msg.part_kind == "refusal" else content.output_text.text]
+        elif which == "reasoning":
+            self._reasoning = _OpenReasoning(item, index, item.id, [item.reasoning.text])
+        elif which == "function_call":
+            self._calls[index] = _OpenCall(item, index, item.id, [item.function_call.arguments])
+        else:
+            return False
+        return True
+
+    def superseded(self, index: int) -> pb.StreamEvent:
+        """An item the lost replica had begun and left open, of a kind that is never streamed:
+        done, incomplete."""
+        item = self.response.output[index]
+        item.status = INCOMPLETE
         return self._item_event("output_item_done", index, item)
+
+    def tool_interrupted(self, execution: pb.ToolExecutionInProgressEvent, error: str) -> pb.StreamEvent:
+        """A tool execution the lost replica had begun and not ended: failed."""
+        failed = pb.ToolExecutionFailedEvent(
+            item_id=execution.item_id, output_index=execution.output_index, call_id=execution.call_id, error=error
+        )
+        return pb.StreamEvent(sequence_number=self._next(), tool_execution_failed=failed)
 
     # -- whole items ---------------------------------------------------------------------------
 

@@ -24,12 +24,12 @@ from antwort_grpc.engine.budget import ControlLimits, ServerLimits, run_limits
 from antwort_grpc.engine.checkpoints import inject_items
 from antwort_grpc.engine.durable import Resumed
 from antwort_grpc.engine.emitter import ResponseEmitter, echoed_tools
+from antwort_grpc.engine.gated_tools import GatedTools
 from antwort_grpc.engine.history import HISTORY_MAX_BYTES, History, load_history
 from antwort_grpc.engine.hook_gate import HookPoints, gate
 from antwort_grpc.engine.model_call import call_model, structured_format, turn_request
 from antwort_grpc.engine.outcomes import (
     Cancelled,
-    ExecuteTools,
     Failed,
     FinalOutcome,
     NextRound,
@@ -41,7 +41,6 @@ from antwort_grpc.engine.registry import RunRegistry
 from antwort_grpc.engine.request import input_items, new_response
 from antwort_grpc.engine.run import Continuation, Run, RunSetup, Stopped
 from antwort_grpc.engine.step import Step
-from antwort_grpc.engine.tool_turn import ToolGate, ToolRound, add_outputs
 from antwort_grpc.engine.tools import ToolSet, resolve_tools
 from antwort_grpc.engine.turn import Turn, TurnSettings
 from antwort_grpc.engine.turn_rules import Screened
@@ -157,7 +156,16 @@ class Engine:
         tools = await resolve_tools(request.tools, self.config.executors)
         limits = self.config.limits
         seen = list(response.output)
-        superseded = durable.superseded_items(resumed.tail, len(seen))
+        # A checkpoint taken before a turn's calls run shows them without outputs: that turn
+        # was open (and decided).
+        open_turn = resumed.turn if resumed.turn and durable.unanswered(seen) else 0
+        began = Continuation()
+        if resumed.turn == 0 and self.config.executors:
+            # Lost before its first turn: what it started with (an earlier response's calls) may
+            # be left to run.
+            choice = request.tool_choice if request.HasField("tool_choice") else None
+            began, _ = continuation.resolve(history.items, history.model_calls, record.input_items, tools, choice)
+        superseded = durable.superseded_items(resumed.tail, len(seen), open_turn)
         for index in sorted(superseded.items):
             response.output.append(superseded.items[index])
         setup = RunSetup(
@@ -167,7 +175,7 @@ class Engine:
             owner=owner,
             limits=run_limits(request, limits),
             window=ContextWindow(limits.context if request.truncation == AUTO else UNLIMITED),
-            continuation=durable.interrupted_calls(seen, tools),
+            continuation=durable.resumed_continuation(resumed, began, tools),
             controls=self.controls,
         )
         run = Run(request, response, setup)
@@ -175,8 +183,7 @@ class Engine:
         recovery = None
         if resumed.last_sequence_number:
             # Lost before its first event was logged: it starts as any response does.
-            recovery = [emitter.recovered(resumed.last_sequence_number, resumed.turn, resumed.reason)]
-            recovery += [emitter.superseded(i, superseded.items[i]) for i in superseded.still_open]
+            recovery = durable.recovery(emitter, resumed, superseded)
         run.restore(resumed.turn + superseded.turns, resumed.round, recovery)
         self.runs.add(run)
         if run.limits.max_duration is not None:
@@ -435,28 +442,20 @@ class _Turns(Step[FinalOutcome]):
         out."""
         run = self.run
         resumed = run.continuation
-        plan: RequiresAction | ExecuteTools = ExecuteTools([], resumed.outputs)
-        if resumed.calls:
-            screened = Screened(resumed.calls, resumed.outputs)
-            gate = ToolGate(run, screened, self.settings.approval_timeout, resumed.approved)
-            async for event in gate.events():
-                yield event
-            plan = gate.result
-        if isinstance(plan, RequiresAction):
-            for event in add_outputs(run, plan.rejected):
-                yield event
-            self.end(RequiresAction([*resumed.handoff, *plan.calls], [], plan.approvals))
-            return
-        if plan.calls or plan.rejected:
-            tools = ToolRound(run, plan)
-            async for event in tools.events():
-                yield event
-            await run.wait_for(self.settings.save(run))
-            if tools.result is not None:
-                self.end(tools.result)
-                return
-        if resumed.handoff:
-            self.end(RequiresAction(resumed.handoff))
+        screened = Screened(resumed.calls, resumed.outputs)
+        settings = self.settings
+        tools = GatedTools(
+            run, screened, settings.approval_timeout, settings.save, resumed.approved, gate=bool(resumed.calls)
+        )
+        async for event in tools.events():
+            yield event
+        match tools.result:
+            case RequiresAction(calls=calls, approvals=approvals):
+                self.end(RequiresAction([*resumed.handoff, *calls], [], approvals))
+            case Failed() as failed:
+                self.end(failed)
+            case None if resumed.handoff:
+                self.end(RequiresAction(resumed.handoff))
 
 
 # A request with more tools or items than this has its pieces made in the worker thread.

@@ -16,6 +16,7 @@ from antwort_grpc import pb
 from antwort_grpc.engine import turn_rules
 from antwort_grpc.engine.budget import limit_reached, tool_calls_exceed
 from antwort_grpc.engine.checkpoints import checkpoint
+from antwort_grpc.engine.gated_tools import GatedTools
 from antwort_grpc.engine.model_call import (
     add_completion,
     answered_by_hook,
@@ -29,13 +30,12 @@ from antwort_grpc.engine.outcomes import (
     Completed,
     Incomplete,
     NextRound,
-    RequiresAction,
     RunAgain,
     TurnOutcome,
 )
 from antwort_grpc.engine.run import Run
 from antwort_grpc.engine.step import Step
-from antwort_grpc.engine.tool_turn import ToolGate, ToolRound, add_outputs, supersede
+from antwort_grpc.engine.tool_turn import add_outputs, supersede
 from antwort_grpc.hooks.dispatch import Paused
 from antwort_grpc.providers.base import Completion, FinishReason, Provider
 
@@ -201,31 +201,17 @@ class Turn(Step[TurnOutcome]):
         return events, screened
 
     async def _tools(self, screened: turn_rules.Screened) -> AsyncIterator[pb.StreamEvent]:
-        """Before the calls start: pause, then approvals; then the calls run, or the client's."""
+        """Before the calls start: pause, then approvals; then the calls run, or the client's
+        (gated_tools.py: the sequence a response that starts with calls goes through too)."""
         run = self.run
         if run.needs_checkpoint:
             async for event in checkpoint(run, inject=False):
                 yield event
-        gate = ToolGate(run, screened, self.settings.approval_timeout)
-        async for event in gate.events():
+        tools = GatedTools(run, screened, self.settings.approval_timeout, self.settings.save)
+        async for event in tools.events():
             yield event
-        plan = gate.result
-        if isinstance(plan, RequiresAction):
-            for event in add_outputs(run, plan.rejected):
-                yield event
-            yield self.completed()
-            self.end(plan)
-            return
-        if run.durable is not None:
-            # The calls are about to run: a replica that resumes the run knows they may have.
-            await run.save_checkpoint()
-        round_ = ToolRound(run, plan)
-        async for event in round_.events():
-            yield event
-        # Tool results can be expensive to redo: a crash from here on keeps them.
-        await run.wait_for(self.settings.save(run))
         yield self.completed()
-        self.end(round_.result or RunAgain())
+        self.end(tools.result or RunAgain())
 
 
 def _answered(run: Run, screened: Completed | Incomplete) -> TurnOutcome:

@@ -19,6 +19,7 @@ from google.protobuf.message import Message
 
 from antwort_grpc import pb
 from antwort_grpc.auth.identity import AuthError, Identity
+from antwort_grpc.durable.creates import Begun, Durability, idempotency_key, unavailable
 from antwort_grpc.edge import Edge, Reservation, Watch
 from antwort_grpc.errors import RequestError
 from antwort_grpc.front.call import Call, Encoded, Metadata, Sink
@@ -28,7 +29,6 @@ from antwort_grpc.front.creates import Last, deliver, follow, wants_durable
 from antwort_grpc.front.session import ConverseSink, Session
 from antwort_grpc.front.stalls import Guard, StallWatch
 from antwort_grpc.hooks.service import Caller
-from antwort_grpc.responses.durable import Begun, Durability, idempotency_key, unavailable
 from antwort_grpc.responses.request_limits import Limits
 from antwort_grpc.responses.service import Responses, rejection
 

@@ -7,13 +7,13 @@ from collections.abc import AsyncGenerator, Collection, Sequence
 from typing import Any
 
 from antwort_grpc import pb
+from antwort_grpc.durable.creates import IDEMPOTENCY_KEY, Durability
 from antwort_grpc.edge import Watch
 from antwort_grpc.engine.run import Run
 from antwort_grpc.event_kinds import is_terminal, terminal_response
 from antwort_grpc.front.batching import batches
 from antwort_grpc.front.call import Sink
 from antwort_grpc.front.stalls import Guard
-from antwort_grpc.responses.durable import IDEMPOTENCY_KEY, Durability
 
 Events = AsyncGenerator[pb.StreamEvent, None]
 

@@ -383,12 +383,14 @@ class InputInjectedEvent(_message.Message):
     def __init__(self, kind: _Optional[_Union[InputKind, str]] = ..., items: _Optional[_Iterable[_Union[_item_pb2.Item, _Mapping]]] = ..., superseded_call_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TurnCompletedEvent(_message.Message):
-    __slots__ = ("turn", "duration")
+    __slots__ = ("turn", "duration", "interrupted")
     TURN_FIELD_NUMBER: _ClassVar[int]
     DURATION_FIELD_NUMBER: _ClassVar[int]
+    INTERRUPTED_FIELD_NUMBER: _ClassVar[int]
     turn: int
     duration: _duration_pb2.Duration
-    def __init__(self, turn: _Optional[int] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    interrupted: str
+    def __init__(self, turn: _Optional[int] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., interrupted: _Optional[str] = ...) -> None: ...
 
 class ResponseRecoveredEvent(_message.Message):
     __slots__ = ("from_turn", "reason", "last_sequence_number")

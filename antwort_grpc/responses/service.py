@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
 
 import grpc
 
 from antwort_grpc import pb
+from antwort_grpc.durable.creates import Durability, DurableParts
 from antwort_grpc.engine import Engine
 from antwort_grpc.engine.run import Run
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument, not_found
@@ -43,14 +43,16 @@ class Responses:
         store: ResponseStore,
         limits: Limits = DEFAULT_LIMITS,
         served: Capabilities | None = None,
+        durable: DurableParts | None = None,
     ) -> None:
         self.engine = engine
         self.store = store
         self.limits = limits
         # What the model backend is known not to do: refused before a response is created.
         self.served = served or Capabilities()
-        # Background responses and idempotency keys (responses/durable.py); None: not offered.
-        self.durable: Any = None
+        # Background responses and idempotency keys (antwort_grpc/durable), over this layer's
+        # creates; None: the store keeps no run log, they are not offered.
+        self.durable = Durability(self, durable) if durable is not None else None
 
     @property
     def hooked(self) -> bool:
@@ -98,6 +100,9 @@ class Responses:
         violations = validate_policy(request, self.engine.server_limits)
         if violations:
             raise invalid_argument(violations)
+
+    def require_id(self, response_id: str) -> None:
+        _require_id(response_id)
 
     async def get(self, response_id: str, owner: str = "") -> pb.Response:
         _require_id(response_id)

@@ -1,5 +1,6 @@
-"""What a store keeps of a background response besides the response itself: its event log, its
-last checkpoint, the lease of the replica running it, and the idempotency keys of creates.
+"""What a store keeps of a background response besides the response itself — four small
+protocols, each implemented by the memory, SQLite and PostgreSQL stores (runlog_*.py): its event
+log, its last checkpoint, the lease of the replica running it, and the idempotency keys of creates.
 
 - The event log: every event in sequence (protobuf bytes), appended in batches by the replica
   running the response; read by AttachResponse on any replica. It is kept for a retention after
@@ -81,11 +82,9 @@ class Remembered:
 Events = list[tuple[int, bytes]]
 
 
-@runtime_checkable
-class RunLog(Protocol):
-    async def begin(self, response_id: str, owner: str, request: bytes, lease: float) -> None:
-        """A background run starts here, leased to this replica for `lease` seconds."""
-        ...
+class EventLog(Protocol):
+    """A background response's events, in sequence: appended by the replica running it (fenced by
+    its lease), read by every attach on every replica."""
 
     async def append(
         self,
@@ -106,16 +105,38 @@ class RunLog(Protocol):
         """The log went over its size cap: drop its events and say so to readers."""
         ...
 
-    async def checkpoint(self, response_id: str, checkpoint: Checkpoint) -> bool:
-        """Keep the run's state at a turn boundary; False when this replica lost the lease."""
-        ...
-
     async def state(self, response_id: str, owner: str) -> LogState | None:
         """None: no background run (or idempotent create) of that id for that owner."""
         ...
 
     async def events(self, response_id: str, after: int, limit: int) -> Events:
         """Up to `limit` events after sequence number `after`, in order."""
+        ...
+
+    def watch(self, response_id: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` (on the event loop) whenever events are appended to that log, here or
+        on another replica; returns the function that stops watching."""
+        ...
+
+    async def purge_logs(self) -> int:
+        """Drop logs past their retention and keys past their time; how many (store upkeep)."""
+        ...
+
+
+class Checkpoints(Protocol):
+    """The state a run resumes from (a turn boundary, or before a turn's tools run)."""
+
+    async def checkpoint(self, response_id: str, checkpoint: Checkpoint) -> bool:
+        """Keep the run's state; False when this replica lost the lease. (A checkpoint that goes
+        with events is written by `EventLog.append`, in the same write.)"""
+        ...
+
+
+class Leases(Protocol):
+    """Which replica runs which background response, until when; the takeover of lost ones."""
+
+    async def begin(self, response_id: str, owner: str, request: bytes, lease: float) -> None:
+        """A background run starts here, leased to this replica for `lease` seconds."""
         ...
 
     async def renew(self, response_ids: list[str], lease: float) -> list[str]:
@@ -130,14 +151,18 @@ class RunLog(Protocol):
         """Take over up to `limit` runs whose lease ran out (or was handed over)."""
         ...
 
-    def watch(self, response_id: str, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call `callback` (on the event loop) whenever events are appended to that log, here or
-        on another replica; returns the function that stops watching."""
+    async def next_expiry(self) -> float | None:
+        """Seconds until the first lease another replica holds on a running run runs out (None:
+        none that has not run out already): the next look for lost runs is due then."""
         ...
 
     def on_handover(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback` when some replica hands runs over (claim them now)."""
         ...
+
+
+class IdempotencyKeys(Protocol):
+    """(owner, key) → the response a create with that key started, and the create's digest."""
 
     async def remember(self, owner: str, key: str, digest: str, response_id: str, ttl: float) -> Remembered | None:
         """Bind an idempotency key to a response unless it is bound already; None when this call
@@ -148,9 +173,12 @@ class RunLog(Protocol):
         """Unbind a key whose create failed before its response existed."""
         ...
 
-    async def purge_logs(self) -> int:
-        """Drop logs past their retention and keys past their time; how many."""
-        ...
+
+@runtime_checkable
+class RunLog(EventLog, Checkpoints, Leases, IdempotencyKeys, Protocol):
+    """All four, as a store that keeps background runs offers them (`store.runlog`): one object,
+    since an append is fenced by the lease and carries the checkpoint in the same write. Each
+    user takes only the part it needs."""
 
 
 class Watchers:

@@ -158,6 +158,15 @@ class MemoryRunLog:
             claims.append(Claim(response_id, run.owner, run.request, run.checkpoint, run.last_seq, reason, tail))
         return claims
 
+    async def next_expiry(self) -> float | None:
+        now = self.options.clock()
+        leases = [
+            r.lease_until
+            for r in self.tables.runs.values()
+            if not r.ended and r.lease_instance != self._me and r.lease_until > now
+        ]
+        return min(leases) - now if leases else None
+
     def watch(self, response_id: str, callback: Callable[[], None]) -> Callable[[], None]:
         return self.tables.watchers.add(response_id, callback)
 

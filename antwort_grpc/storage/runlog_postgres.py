@@ -203,6 +203,15 @@ class PostgresRunLog:
                 )
         return claims
 
+    async def next_expiry(self) -> float | None:
+        now = self.options.clock()
+        first: float | None = await self.pool.fetchval(
+            "SELECT min(lease_until) FROM antwort_runs WHERE NOT ended AND lease_until > $1 AND lease_instance <> $2",
+            now,
+            self._me,
+        )
+        return None if first is None else first - now
+
     def watch(self, response_id: str, callback: Callable[[], None]) -> Callable[[], None]:
         return self.watchers.add(response_id, callback)
 

@@ -159,6 +159,10 @@ class SQLiteRunLog:
 
         return await self.writer.run(claim)
 
+    async def next_expiry(self) -> float | None:
+        # Another instance's runs are claimed at once (its process ended): no lease to wait for.
+        return None
+
     def watch(self, response_id: str, callback: Callable[[], None]) -> Callable[[], None]:
         return self.watchers.add(response_id, callback)
 

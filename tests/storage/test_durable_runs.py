@@ -305,7 +305,76 @@ async def test_kill_9_of_the_replica_running_20_background_runs_leaves_them_all_
         # What the lost replica had begun stays, incomplete; the model's answer made again follows.
         superseded, answer = ended[0].output
         assert superseded.status == pb.ItemStatus.ITEM_STATUS_INCOMPLETE
+        # It keeps the text the lost replica had logged (the stream validator checked its deltas).
+        assert output_text_of(superseded).startswith("slow slow")
         assert output_text_of(answer) == "answer to plain 0"
+        # The turn the replica died in was closed by the survivor, naming why; the tool runs'
+        # executions it had begun ended (the idempotent one then ran again, paired).
+        closed = [e.turn_completed for e in streams[0] if kinds([e]) == ["turn_completed"]]
+        assert [(t.turn, t.interrupted) for t in closed] == [(1, "replica_lost"), (2, "")]
+        charge_events = [kinds([e])[0] for e in streams[18] if kinds([e])[0].startswith("tool_execution")]
+        assert charge_events == ["tool_execution_in_progress", "tool_execution_failed"]
+        lookup_events = [kinds([e])[0] for e in streams[19] if kinds([e])[0].startswith("tool_execution")]
+        interrupted_then_rerun = ["in_progress", "failed", "in_progress", "completed"]
+        assert lookup_events == [f"tool_execution_{k}" for k in interrupted_then_rerun]
+
+
+def route_approved_pair(body: dict[str, Any]) -> Reply:
+    """Both tools at once, first; once their outputs are in, the answer naming them."""
+    answers = tool_answers(body)
+    if not answers:
+        calls = [ScriptedToolCall(name=n, arguments="{}", id=f"call_{n}") for n in ("charge", "lookup")]
+        return Reply(tool_calls=calls)
+    return Reply(text="after: " + " | ".join(answers))
+
+
+async def test_a_background_continuation_whose_replica_dies_while_its_tools_run_completes_on_the_other(
+    postgres_admin_url: str,
+) -> None:
+    tools = Tools()
+    async with AsyncExitStack() as stack:
+        url = await stack.enter_async_context(empty_database(postgres_admin_url))
+        fake = await stack.enter_async_context(RoutedFake(route_approved_pair))
+        target = await stack.enter_async_context(executor(tools))
+        env = {**FAST, "ANTWORT_EXECUTORS": target}
+        a = await stack.enter_async_context(gateway_process(url, fake.url, **env))
+        b = await stack.enter_async_context(gateway_process(url, fake.url, **env))
+        # The earlier response: both calls wait for approval (nobody attached to decide).
+        first = user("pay and look it up")
+        for name in ("charge", "lookup"):
+            tool = request_tool(name)
+            tool.require_approval.mode = pb.ApprovalMode.APPROVAL_MODE_ALWAYS
+            first.tools.append(tool)
+        asked = [m async for m in a.stub.CreateResponse(first)][-1].event.requires_action.response
+        assert asked.status == S.RESPONSE_STATUS_REQUIRES_ACTION
+        # Continued in background with both approved: its calls run first, on a.
+        request = pb.CreateResponseRequest(previous_response_id=asked.id, background=True)
+        request.tools.extend(first.tools)
+        for name in ("charge", "lookup"):
+            decision = pb.ApprovalResponse(call_id=f"call_{name}", approve=True)
+            request.input_items.items.append(pb.Item(approval_response=decision))
+        response_id = await start_background(a, request)
+        reader = Attached(b, response_id)
+        async with asyncio.timeout(20):
+            await tools.started.wait()
+        a.kill()
+        tools.free.set()
+        done = await poll_ended(b, response_id)
+        events = await reader.finished()
+    assert done.status == S.RESPONSE_STATUS_COMPLETED
+    assert_valid_stream(events)
+    assert "recovered" in kinds(events)
+    # The idempotent call ran again on the survivor; the other was not, and the model was told.
+    assert tools.calls == {"charge": 1, "lookup": 2}
+    outputs = {
+        i.function_call_output.call_id: i.function_call_output
+        for i in done.output
+        if i.WhichOneof("kind") == "function_call_output"
+    }
+    assert set(outputs) == {"call_charge", "call_lookup"}
+    assert outputs["call_charge"].is_error and "interrupted" in outputs["call_charge"].output
+    assert not outputs["call_lookup"].is_error
+    assert output_text_of(done.output[-1]).startswith("after: ")
 
 
 async def test_a_rolling_restart_under_50_background_runs_completes_all_50(postgres_admin_url: str) -> None:

@@ -174,3 +174,25 @@ async def test_a_checkpoint_written_with_events_is_what_a_claim_resumes_from(bac
     (claim,) = await b.runlog.claim(LEASE, 10)
     assert claim.checkpoint == Checkpoint(b"at 4", 2, 1, 4)
     assert claim.tail == [data for _, data in events(5, 6)]
+
+
+async def test_the_next_expiry_is_when_the_first_lease_of_another_replica_runs_out(backend: Backend) -> None:
+    if backend.kind == "sqlite":
+        # One gateway per file: another instance's runs are claimed at once, no lease to wait for.
+        store = await backend.open()
+        await store.runlog.begin("resp_1", "", b"request", LEASE)
+        assert await store.runlog.next_expiry() is None
+        return
+    a, b = await backend.open(), await backend.open()
+    assert await b.runlog.next_expiry() is None
+    await a.runlog.begin("resp_1", "", b"request", LEASE)
+    backend.clock.advance(1)
+    await a.runlog.begin("resp_2", "", b"request", LEASE)
+    await b.runlog.begin("resp_3", "", b"request", 1.0)  # its own: never claimed by itself
+    assert await b.runlog.next_expiry() == LEASE - 1
+    assert await a.runlog.next_expiry() == 1.0
+    await a.runlog.append("resp_1", events(1, 1), ended=True, retention=60)
+    assert await b.runlog.next_expiry() == LEASE
+    # Run out already (a look claims it now, or has no room for it): nothing to wait for.
+    backend.clock.advance(LEASE + 1)
+    assert await b.runlog.next_expiry() is None

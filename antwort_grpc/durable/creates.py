@@ -4,7 +4,7 @@
 comes here): it binds the key to the response first, so a retry of the same create — on any
 replica, while the first still runs or after — finds that response instead of starting another
 run; the same key with a different create is refused. `attach` reads a background response's
-event log (responses/attach.py).
+event log (durable/attach.py).
 """
 
 from __future__ import annotations
@@ -15,27 +15,57 @@ import hashlib
 import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 
 from antwort_grpc import ids, pb
+from antwort_grpc.durable.attach import check_attach, follow, follow_pages
+from antwort_grpc.durable.runner import Runner, snapshot
+from antwort_grpc.durable.settings import DurableSettings
+from antwort_grpc.durable.takeover import Admits, Background
+from antwort_grpc.engine import Engine
 from antwort_grpc.engine.run import Run
 from antwort_grpc.errors import RESOURCE_TYPES, FieldViolation, RequestError, Resource, invalid_argument
 from antwort_grpc.hooks.service import Caller
-from antwort_grpc.responses.attach import check_attach, follow, follow_pages
-from antwort_grpc.responses.background import Background, DurableSettings, Runner, snapshot
-from antwort_grpc.responses.service import Responses
-from antwort_grpc.storage.base import RUNNING
+from antwort_grpc.storage.base import RUNNING, ResponseStore
 from antwort_grpc.storage.runlog import RunLog
 
-__all__ = ["IDEMPOTENCY_KEY", "Begun", "Durability", "digest", "idempotency_key", "snapshot"]
+__all__ = ["IDEMPOTENCY_KEY", "Begun", "Durability", "DurableParts", "digest", "idempotency_key", "snapshot"]
 
 # The request metadata entry a client names a create with, to retry it safely.
 IDEMPOTENCY_KEY = "idempotency-key"
 # Visible ASCII without spaces, as most APIs take them (a UUID fits).
 _KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
-# Polling the store for the end of a retried create that is not background.
+# Polling the store for the end of a retried create that is not background (and for the
+# response of a create still starting): first and longest gap.
 END_POLL = (0.01, 0.5)
+# The longest a retried create waits for the first one to store its response (and begin its
+# log): a before-response hook may take its whole timeout.
+KEY_WAIT = 10.0
+
+
+def _reused(key: str, response_id: str) -> RequestError:
+    message = (
+        f"idempotency key {key!r} was used by a different create (response {response_id!r}): "
+        "a retry must repeat the request exactly; use a new key for a new request"
+    )
+    return RequestError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        message,
+        [FieldViolation(IDEMPOTENCY_KEY, message)],
+        "idempotency_key_reused",
+    )
+
+
+def _pending(key: str, response_id: str) -> RequestError:
+    return RequestError(
+        grpc.StatusCode.ABORTED,
+        f"idempotency key {key!r} names response {response_id!r}, whose create is still starting "
+        f"(after {KEY_WAIT:.0f}s): retry the same create with the same key",
+        reason="idempotency_key_pending",
+        resource=Resource(RESOURCE_TYPES["response"], response_id, "being created"),
+    )
 
 
 def unavailable() -> RequestError:
@@ -84,12 +114,51 @@ class Begun:
     logged: bool = False
 
 
+class Creates(Protocol):
+    """What a durable create asks of the responses layer (responses/service.py), which builds the
+    durable part with itself as this."""
+
+    engine: Engine
+    store: ResponseStore
+
+    async def check(self, request: pb.CreateResponseRequest) -> None:
+        """Refuse a create that could never start (INVALID_ARGUMENT and the like)."""
+        ...
+
+    async def create(
+        self,
+        request: pb.CreateResponseRequest,
+        *,
+        owner: str = "",
+        timeout: float | None = None,
+        controller: bool = False,
+        caller: Caller | None = None,
+        response_id: str = "",
+    ) -> Run:
+        """A started, stored response under `response_id`."""
+        ...
+
+    def require_id(self, response_id: str) -> None:
+        """INVALID_ARGUMENT unless `response_id` is one."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class DurableParts:
+    """What the composition root gives the responses layer to offer durable runs with: the store's
+    run log, the settings, and what a run taken over counts against here."""
+
+    runlog: RunLog
+    settings: DurableSettings
+    admits: Admits | None = None
+
+
 class Durability:
-    def __init__(self, responses: Responses, runlog: RunLog, settings: DurableSettings) -> None:
+    def __init__(self, responses: Creates, parts: DurableParts) -> None:
         self.responses = responses
-        self.runlog = runlog
-        self.settings = settings
-        self.background = Background(responses.engine, responses.store, runlog, settings)
+        self.runlog = parts.runlog
+        self.settings = parts.settings
+        self.background = Background(responses.engine, responses.store, parts.runlog, parts.settings, parts.admits)
 
     async def begin(
         self,
@@ -109,11 +178,9 @@ class Durability:
             # Checked before the key is bound: a create that could never start binds nothing.
             await self.responses.check(request)
             response_id = ids.response_id()
-            found = await self.runlog.remember(
-                owner, key, digest(request), response_id, self.settings.idempotency_ttl_seconds
-            )
-            if found is not None:
-                return await self._replay(request, owner, key, found.response_id, found.digest)
+            replayed = await self._bind(request, owner, key, response_id)
+            if replayed is not None:
+                return replayed
         if request.background and not request.stream:
             # Its events are logged for whoever attaches: the model streams them, whatever this
             # call reads.
@@ -163,27 +230,39 @@ class Durability:
                 resource=Resource(RESOURCE_TYPES["response"], run.response_id, description),
             ) from error
 
-    async def _replay(
-        self, request: pb.CreateResponseRequest, owner: str, key: str, response_id: str, bound: str
-    ) -> Begun:
-        if bound != digest(request):
-            message = (
-                f"idempotency key {key!r} was used by a different create (response {response_id!r}): "
-                "a retry must repeat the request exactly; use a new key for a new request"
-            )
-            raise RequestError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                message,
-                [FieldViolation(IDEMPOTENCY_KEY, message)],
-                "idempotency_key_reused",
-            )
-        logged = await self.runlog.state(response_id, owner) is not None
-        return Begun(None, None, response_id, replayed=True, logged=logged)
+    async def _bind(self, request: pb.CreateResponseRequest, owner: str, key: str, response_id: str) -> Begun | None:
+        """Bind the key to `response_id` (None: bound, the create runs) or find the response it
+        names. That response may not be there yet: its create bound the key first and is still
+        preparing it (history, hooks, the first write). A retry waits for it — the store's
+        record, and for a background create its event log — so it never reads a response that
+        is not there yet; if the first create is refused meanwhile, its key is let go and this
+        one binds it. Past KEY_WAIT: ABORTED, which the documented retry policy retries."""
+        wanted = digest(request)
+        delay, longest = END_POLL
+        deadline = asyncio.get_running_loop().time() + KEY_WAIT
+        while True:
+            found = await self.runlog.remember(owner, key, wanted, response_id, self.settings.idempotency_ttl_seconds)
+            if found is None:
+                return None
+            if found.digest != wanted:
+                raise _reused(key, found.response_id)
+            if await self._exists(found.response_id, owner, request.background):
+                return Begun(None, None, found.response_id, replayed=True, logged=request.background)
+            if asyncio.get_running_loop().time() >= deadline:
+                raise _pending(key, found.response_id)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, longest)
+
+    async def _exists(self, response_id: str, owner: str, background: bool) -> bool:
+        """Whether a create's response can be read as its retry reads it: a background one by its
+        log (begun after the response was stored), any other in the store. The digests are
+        equal, so the retry is background exactly when the first create was."""
+        if background:
+            return await self.runlog.state(response_id, owner) is not None
+        return await self.responses.store.get(response_id, owner) is not None
 
     async def attach_check(self, response_id: str, owner: str, starting_after: int) -> None:
-        from antwort_grpc.responses.service import _require_id
-
-        _require_id(response_id)
+        self.responses.require_id(response_id)
         await check_attach(
             self.runlog, self.responses.store, response_id, owner, starting_after, self.settings.log_max_bytes
         )

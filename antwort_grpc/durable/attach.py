@@ -17,7 +17,7 @@ import grpc
 
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument, not_found
 from antwort_grpc.storage.base import ResponseStore
-from antwort_grpc.storage.runlog import LogState, RunLog
+from antwort_grpc.storage.runlog import EventLog, LogState
 
 # Events read from the store at once.
 PAGE = 512
@@ -37,7 +37,7 @@ def _gone(response_id: str, what: str) -> RequestError:
 
 
 async def check_attach(
-    runlog: RunLog, store: ResponseStore, response_id: str, owner: str, starting_after: int, max_bytes: int
+    runlog: EventLog, store: ResponseStore, response_id: str, owner: str, starting_after: int, max_bytes: int
 ) -> LogState:
     """The log's state when an attach may read it; else the RequestError that says why not."""
     if starting_after < 0:
@@ -66,7 +66,9 @@ async def check_attach(
     return state
 
 
-async def follow(runlog: RunLog, response_id: str, owner: str, starting_after: int) -> AsyncIterator[tuple[int, bytes]]:
+async def follow(
+    runlog: EventLog, response_id: str, owner: str, starting_after: int
+) -> AsyncIterator[tuple[int, bytes]]:
     """(sequence number, event bytes) after `starting_after`, to the terminal event."""
     pages = follow_pages(runlog, response_id, owner, starting_after)
     try:
@@ -78,7 +80,7 @@ async def follow(runlog: RunLog, response_id: str, owner: str, starting_after: i
 
 
 async def follow_pages(
-    runlog: RunLog, response_id: str, owner: str, starting_after: int
+    runlog: EventLog, response_id: str, owner: str, starting_after: int
 ) -> AsyncGenerator[list[tuple[int, bytes]], None]:
     """`follow`'s events in the pages they were read in (none empty): the replay up to PAGE
     at a time, then what each of the run's flushes appended."""
@@ -107,7 +109,7 @@ async def follow_pages(
         unwatch()
 
 
-async def _state(runlog: RunLog, response_id: str, owner: str) -> LogState:
+async def _state(runlog: EventLog, response_id: str, owner: str) -> LogState:
     state = await runlog.state(response_id, owner)
     if state is None or state.expired:
         raise _gone(response_id, "its event log was removed while it was read")
