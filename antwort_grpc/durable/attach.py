@@ -27,7 +27,10 @@ RECHECK = 1.0
 
 
 def _gone(response_id: str, what: str) -> RequestError:
-    message = f"response {response_id!r}: {what}; what is left is the final response (GetResponse)"
+    message = (
+        f"response {response_id!r}: {what}; what is left is the final response: read it "
+        f"(GetResponse, or GET /v1/responses/{response_id} without stream)"
+    )
     return RequestError(
         grpc.StatusCode.FAILED_PRECONDITION,
         message,
