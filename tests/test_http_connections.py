@@ -13,6 +13,7 @@ import re
 import resource
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -153,11 +154,15 @@ def _few_descriptors() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
 
-async def test_idle_http_connections_past_the_descriptors_leave_grpc_serving(tmp_path: object) -> None:
+async def test_idle_http_connections_past_the_descriptors_leave_grpc_serving(tmp_path: Path) -> None:
     """The failure seen: idle HTTP connections took every descriptor and new gRPC connections
-    failed. Here the process may open 256 files and 300 idle connections come."""
+    failed. Here the process may open 256 files and 300 idle connections come. (A scripted model:
+    the gateway runs on uvloop, as with a backend URL.)"""
+    script = tmp_path / "turns.json"
+    script.write_text('{"turns": [[{"text": "hi"}]]}')
     proc = await asyncio.create_subprocess_exec(
         ANTWORT, "serve", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--store", "memory",
+        "--script", str(script),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         env={**os.environ, "ANTWORT_SHUTDOWN_DRAIN": "0", "ANTWORT_LOG_LEVEL": "INFO"},
         preexec_fn=_few_descriptors,

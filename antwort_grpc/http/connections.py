@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -186,7 +186,8 @@ class _Gated(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        transport = cast(asyncio.Transport, transport)
         self.transport = transport
         self.peer = _host(transport.get_extra_info("peername"))
         refusal = self.gate.admit(self)
