@@ -21,8 +21,8 @@ log = logging.getLogger(__name__)
 # default), executors' and hooks' channels, sandbox pipes, logs, the metrics port, gRPC's and the
 # event loop's own (epoll, eventfds). A quarter of the limit when that is less.
 RESERVED = 2048
-# The most a door admits by default whatever the limit: past it idle connections cost memory (tens
-# of KiB each with their socket buffers) for no stream the event loop could serve.
+# The most a door admits by default whatever the limit: past it idle connections cost memory (about
+# 8 KiB each in the process) for no stream the event loop could serve.
 MOST_PER_DOOR = 10_000
 # A door is never bounded below this by default, even with a tiny limit.
 LEAST_PER_DOOR = 16
