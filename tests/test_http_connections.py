@@ -24,6 +24,7 @@ from antwort_grpc.open_files import door_bounds
 from antwort_grpc.providers.scripted import ScriptedProvider, Text
 from antwort_grpc.server.connections import connection_options
 from tests.http_harness import Doors, running_doors
+from tests.test_admission import refused_counts
 from tests.test_cli import ANTWORT
 
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -82,9 +83,10 @@ async def emptied(gate: ConnectionGate) -> None:
 
 
 @asynccontextmanager
-async def door(**settings: object) -> AsyncIterator[Doors]:
+async def door(metrics: bool = False, **settings: object) -> AsyncIterator[Doors]:
     provider = ScriptedProvider([[Text("hi")]], repeat=True)
-    async with running_doors(DoorSettings(**settings), provider=provider) as doors:  # type: ignore[arg-type]
+    more = {"metrics_listen": "127.0.0.1:0"} if metrics else {}
+    async with running_doors(DoorSettings(**settings), provider=provider, **more) as doors:  # type: ignore[arg-type]
         yield doors
 
 
@@ -129,12 +131,15 @@ async def test_a_crowded_door_closes_idle_connections_for_a_new_one_but_not_a_re
 
 
 async def test_one_address_holds_at_most_its_share_and_others_still_connect() -> None:
-    async with door(max_connections=100, max_connections_per_peer=2, pressure_idle_timeout=600) as doors:
+    async with door(True, max_connections=100, max_connections_per_peer=2, pressure_idle_timeout=600) as doors:
         port = doors.door.port
         async with connections(port, 2), connections(port, 1) as (third,):
             assert (await answer(third)).startswith("HTTP/1.1 503 ")
             async with connections(port, 1, host="127.0.0.2") as (other,):
                 assert (await answer(other)).startswith("HTTP/1.1 200 ")
+        # Counted with the requests refused before they started.
+        refused = await refused_counts(doors.grpc)
+    assert refused == {("HTTP connection", "UNAVAILABLE", "too_many_connections_per_peer"): 1}
 
 
 def test_the_default_bounds_share_the_descriptors_between_the_doors() -> None:

@@ -23,9 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
+import grpc
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from antwort_grpc.errors import RequestError
 from antwort_grpc.http.errors import plain_error
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,10 @@ LINGER = 1.0
 SCAN_INTERVAL = 0.25
 # A warning about refused connections at most this often.
 WARN_INTERVAL = 10.0
+# How a refused connection is counted (antwort_requests_refused: method, code, reason).
+METHOD = "HTTP connection"
+DOOR = ("ANTWORT_HTTP_MAX_CONNECTIONS", "too_many_connections")
+PER_PEER = ("ANTWORT_HTTP_MAX_CONNECTIONS_PER_PEER", "too_many_connections_per_peer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +88,16 @@ def waiting_since(handler: RequestHandler) -> float | None:
 class ConnectionGate:
     """The protocol factory of the door's listening socket."""
 
-    def __init__(self, handlers: Callable[[], RequestHandler], limits: ConnectionLimits) -> None:
+    def __init__(
+        self,
+        handlers: Callable[[], RequestHandler],
+        limits: ConnectionLimits,
+        counted: Callable[[str, RequestError], None] | None = None,
+    ) -> None:
+        """`counted`: told of each refusal (the front's `refuse`: the refused-requests metric)."""
         self.handlers = handlers
         self.limits = limits
+        self.counted = counted
         self.open: dict[_Gated, None] = {}
         self.peers: dict[str, int] = {}
         self.refused = 0
@@ -107,12 +120,12 @@ class ConnectionGate:
             # Only that address's own idle connections make room for it.
             self.reap(peer)
             if self.peers.get(peer, 0) >= limits.max_per_peer:
-                return self._refuse(f"{limits.max_per_peer} connections from one address", "_PER_PEER")
+                return self._refuse(f"{limits.max_per_peer} connections from one address", PER_PEER)
         if limits.max_connections:
             if len(self.open) >= self.pressure_mark:
                 self.reap()
             if len(self.open) >= limits.max_connections:
-                return self._refuse(f"{limits.max_connections} open connections", "")
+                return self._refuse(f"{limits.max_connections} open connections", DOOR)
         self.open[gated] = None
         self.peers[peer] = self.peers.get(peer, 0) + 1
         return None
@@ -159,16 +172,16 @@ class ConnectionGate:
         door = self.limits.max_connections or MOST_LINGERING * 16
         return min(MOST_LINGERING, max(1, door // 16))
 
-    def _refuse(self, why: str, setting: str) -> str:
+    def _refuse(self, why: str, bound: tuple[str, str]) -> str:
+        setting, reason = bound
         self.refused += 1
+        if self.counted is not None:
+            self.counted(METHOD, RequestError(grpc.StatusCode.UNAVAILABLE, why, reason=reason))
         now = time.monotonic()
         if now - self._warned >= WARN_INTERVAL:
             self._warned = now
             log.warning(
-                "HTTP door refusing new connections past %s (ANTWORT_HTTP_MAX_CONNECTIONS%s; %d refused so far)",
-                why,
-                setting,
-                self.refused,
+                "HTTP door refusing new connections past %s (%s; %d refused so far)", why, setting, self.refused
             )
         return why
 

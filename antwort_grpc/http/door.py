@@ -125,7 +125,7 @@ class HttpDoor:
             door_bounds().http,
             settings.pressure_idle_timeout,
         )
-        self.connections = ConnectionGate(self.runner.server, limits)
+        self.connections = ConnectionGate(self.runner.server, limits, self.front.refuse)
         site = GatedSite(
             self.runner,
             self.connections,
