@@ -2,8 +2,9 @@
 bound a new connection is answered 503 with Retry-After and closed while gRPC still answers;
 while the door is crowded, connections idle for their next request are closed to make room (a
 request in progress never is); one address holds at most its share; and a gateway whose
-descriptors are few keeps serving gRPC under a flood of idle HTTP connections. Real sockets on
-loopback ports throughout; the last test runs `antwort-grpc serve` in a process of its own."""
+descriptors are few keeps serving gRPC under a flood of idle HTTP connections (`antwort-grpc
+serve` in a process of its own); and past the gRPC port's bound a new connection is closed while
+the open ones serve. Real sockets on loopback ports throughout."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from antwort_grpc.http.connections import ConnectionGate
@@ -23,11 +25,13 @@ from antwort_grpc.http.door import DoorSettings
 from antwort_grpc.open_files import door_bounds
 from antwort_grpc.providers.scripted import ScriptedProvider, Text
 from antwort_grpc.server.connections import connection_options
+from tests.harness import running_gateway
 from tests.http_harness import Doors, running_doors
 from tests.test_admission import refused_counts
 from tests.test_cli import ANTWORT
 
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
 @asynccontextmanager
@@ -195,3 +199,23 @@ async def test_idle_http_connections_past_the_descriptors_leave_grpc_serving(tmp
     finally:
         proc.kill()
         await proc.wait()
+
+
+async def test_past_its_bound_a_new_grpc_connection_is_closed_and_the_open_ones_serve() -> None:
+    provider = ScriptedProvider([[Text("hi")]], repeat=True)
+    own_pool = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own per channel
+    async with running_gateway(provider=provider, max_connections=2) as gw:
+        check = health_pb2.HealthCheckRequest()
+        assert (await health_pb2_grpc.HealthStub(gw.channel).Check(check)).status == SERVING
+        async with grpc.aio.insecure_channel(gw.target, options=own_pool) as second:
+            assert (await health_pb2_grpc.HealthStub(second).Check(check)).status == SERVING
+            async with grpc.aio.insecure_channel(gw.target, options=own_pool) as third:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await health_pb2_grpc.HealthStub(third).Check(check, timeout=5)
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            # The open ones still serve.
+            assert (await health_pb2_grpc.HealthStub(second).Check(check)).status == SERVING
+        # One closed, a new connection is taken (the client reconnects with backoff meanwhile).
+        async with grpc.aio.insecure_channel(gw.target, options=own_pool) as fourth:
+            reply = await health_pb2_grpc.HealthStub(fourth).Check(check, timeout=20, wait_for_ready=True)
+        assert reply.status == SERVING
