@@ -149,14 +149,14 @@ class ConnectionGate:
         self._scanned = now
         closed = 0
         for gated in list(self.open):
-            if peer is not None and gated.peer != peer:
-                continue
             handler = gated.inner
-            since = waiting_since(handler) if handler is not None else None
+            if handler is None or (peer is not None and gated.peer != peer):
+                continue
+            since = waiting_since(handler)
             if since is not None and now - since >= self.limits.pressure_idle:
                 # As aiohttp closes a kept-alive connection at its timeout (`close()` would leave
                 # an idle one open).
-                handler.force_close()  # type: ignore[union-attr]
+                handler.force_close()
                 # Its room is free now: the transport reports the loss only on a later turn.
                 self.release(gated)
                 closed += 1
