@@ -42,6 +42,11 @@ class GatewaySettings(BaseSettings):
     # Seconds a connection may take to send a request's headers (from its opening, or from the
     # end of the previous response when kept alive) and, apart, its body; then it is closed.
     http_idle_timeout: float = Field(default=60.0, gt=0)
+    # Connections the HTTP door holds open, and from one address (docs/limits.md): past them a new
+    # one is answered 503 with Retry-After and closed. Unset: half of the descriptors left after a
+    # reserve (at most 10,000), and half of that per address; 0: no bound.
+    http_max_connections: int | None = Field(default=None, ge=0)
+    http_max_connections_per_peer: int | None = Field(default=None, ge=0)
     log_level: str = "INFO"
     # Directory for the embedded defaults (SQLite file, local model state).
     data_dir: Path = Path("var")
@@ -145,6 +150,9 @@ class GatewaySettings(BaseSettings):
     # queues its calls past it). Bounds the request bytes one connection makes the gateway receive
     # before admission weighs them (docs/limits.md). 0: grpc's default, no limit.
     max_streams_per_connection: int = Field(default=0, ge=0)
+    # Connections the gRPC port holds open (past it grpc closes a new one at once: the client sees
+    # UNAVAILABLE and retries). Unset: as the HTTP door's default; 0: no bound.
+    max_connections: int | None = Field(default=None, ge=0)
     # Seconds in-flight streams get to finish on SIGTERM.
     shutdown_grace: float = 10.0
     # Seconds between health going NOT_SERVING and refusing new calls, for load balancers.

@@ -183,7 +183,10 @@ async def serve(settings: GatewaySettings, ready: Callable[[Gateway], None] | No
     shut down in order. `ready`: called once serving, instead of printing the ready line (a
     worker of `serve --workers N` tells its parent)."""
     from antwort_grpc.http.serving import open_door
+    from antwort_grpc.open_files import raise_soft_limit
 
+    # Before the doors size their connection bounds from it.
+    raise_soft_limit()
     # Before anything starts: a refusal must not leave a local model or a store half opened.
     refuse_open_listen(settings)
     parts = await assemble(settings)

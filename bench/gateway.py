@@ -149,7 +149,10 @@ def _observed(args: argparse.Namespace) -> dict[str, object]:
 
 async def _serve(args: argparse.Namespace) -> None:
     provider = _provider(args)
-    settings = GatewaySettings(listen="127.0.0.1:0", model="bench", max_turns=50, hooks=args.hook, **_observed(args))
+    more = _observed(args)
+    if args.max_running is not None:
+        more["max_running_responses"] = args.max_running
+    settings = GatewaySettings(listen="127.0.0.1:0", model="bench", max_turns=50, hooks=args.hook, **more)
     executors = await _executors(args)
     gateway = await start_gateway(settings, provider=provider, store=MemoryStore(), executors=executors)
     door = None
@@ -188,6 +191,9 @@ def main() -> None:
     parser.add_argument("--trace-ratio", type=float, default=1.0, help="traces: parent-based, this ratio of roots")
     parser.add_argument("--jwt-jwks", default="", help="JWT authentication with the keys of this JWKS file")
     parser.add_argument("--http-listen", default="", help="also serve the Open Responses HTTP door there")
+    parser.add_argument(
+        "--max-running", type=int, default=None, help="ANTWORT_MAX_RUNNING_RESPONSES (the overload figure)"
+    )
     parser.add_argument("--default-gc", action="store_true", help="leave CPython's garbage collection as it is")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s gateway %(name)s: %(message)s")

@@ -49,7 +49,9 @@ ROWS = [
     Row(
         "2 overhead", "loadgen_cpu_ms_per_request_c32_gateway", "the Go load generator's CPU per request beside it (ms)"
     ),
-    Row("2 overhead", "stream_cpu_ratio", "gateway CPU per streamed request ÷ per non-streamed, same answer", "<=", 1.3),
+    Row(
+        "2 overhead", "stream_cpu_ratio", "gateway CPU per streamed request ÷ per non-streamed, same answer", "<=", 1.3
+    ),
     Row(
         "2 overhead",
         "stream_cpu_ratio_batched",
@@ -167,6 +169,21 @@ ROWS = [
         "10 http", "http_added_latency_p50_ms", "non-streamed request via the HTTP door minus direct, p50 (ms)", "<=", 2
     ),
     Row("10 http", "grpc_added_latency_p50_ms_same_run", "the same via the gRPC door, same run (ms)"),
+    Row(
+        "11 overload", "overload_cancelled_streams", "streams ended CANCELLED or cut without a terminal event", "<=", 0
+    ),
+    Row("11 overload", "overload_dropped_streams", "streams neither completed nor refused with pushback", "<=", 0),
+    Row("11 overload", "overload_series_max_streams", "the largest step: streams opened at once", ">=", 4000),
+    Row("11 overload", "overload_base_streams", "1x: what one gateway process carries (its running cap)"),
+    *(
+        Row("11 overload", f"overload_{kind}_{m}x", f"{m}x: streams {what}")
+        for m in (1, 2, 4, 8)
+        for kind, what in (("completed", "completed"), ("refused", "refused before they started"))
+    ),
+    *(
+        Row("11 overload", f"overload_lag_p99_ms_{m}x", f"{m}x: token lag p99 of the streams served (ms)")
+        for m in (1, 2, 4, 8)
+    ),
 ]
 
 HISTORY_KEYS = [

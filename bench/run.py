@@ -33,6 +33,7 @@ from bench import (
     http_figure,
     interactive,
     observability_figure,
+    overload_figure,
     profile,
     report,
 )
@@ -65,6 +66,7 @@ FIGURES: dict[str, Figure] = {
     "observability": observability_figure.observability_cost,
     "durable": durable_figure.durable_runs,
     "http": http_figure.http_cost,
+    "overload": overload_figure.overload_series,
 }
 
 

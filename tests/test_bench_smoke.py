@@ -41,6 +41,12 @@ KEYS = [
     "attach_replay_cpu_ratio_batched",
     "http_stream_cpu_ratio",
     "http_added_latency_p50_ms",
+    "overload_cancelled_streams",
+    "overload_dropped_streams",
+    "overload_series_max_streams",
+    "overload_completed_1x",
+    "overload_refused_8x",
+    "overload_lag_p99_ms_4x",
 ]
 
 
@@ -64,6 +70,10 @@ def test_tiny_bench_runs_every_figure_and_writes_every_key(tmp_path: Path) -> No
     for key in KEYS:
         assert isinstance(data[key], int | float), f"{key}: {data.get(key)!r}"
     assert data["concurrency_errors"] == 0
+    # Past capacity every stream is completed or refused before it starts, none dropped.
+    assert data["overload_cancelled_streams"] == 0
+    assert data["overload_dropped_streams"] == 0
+    assert data["overload_refused_8x"] > 0
     for key in ("date", "machine", "commit"):
         assert isinstance(data[key], str) and data[key], key
     assert data["scale"] == "tiny"

@@ -31,11 +31,13 @@ from antwort_grpc.http.body import (
     read_json,
 )
 from antwort_grpc.http.compaction import compacted_json
+from antwort_grpc.http.connections import ConnectionGate, GatedSite, connection_limits
 from antwort_grpc.http.controls import ROUTED
 from antwort_grpc.http.errors import error_json, http_status, plain_error, server_log
 from antwort_grpc.http.jsonread import bad, integer, obj, one_of
 from antwort_grpc.http.mapping import accepted_json, dumps, input_items_json, response_json
 from antwort_grpc.http.sinks import EventWriter
+from antwort_grpc.open_files import door_bounds
 from antwort_grpc.startup_errors import StartupError
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,13 @@ class DoorSettings:
     tls_client_ca: Path | None = None
     # Share the port with the other workers of `serve --workers N` (SO_REUSEPORT).
     reuse_port: bool = False
+    # Open connections (http/connections.py): unset, from the descriptor limit; 0: no bound.
+    max_connections: int | None = None
+    # Open connections from one address: unset, half the door's; 0: no bound.
+    max_connections_per_peer: int | None = None
+    # Seconds a connection may wait for its next request while the door is crowded (fixed; tests
+    # shorten or lengthen it).
+    pressure_idle_timeout: float = 1.0
 
 
 class HttpDoor:
@@ -77,6 +86,7 @@ class HttpDoor:
         self.runner: web.AppRunner | None = None
         self.port = 0
         self.host = ""
+        self.connections: ConnectionGate | None = None
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -107,8 +117,23 @@ class HttpDoor:
             logger=server_log,
         )
         await self.runner.setup()
-        site = web.TCPSite(
-            self.runner, host, int(port), ssl_context=self._tls(), backlog=1024, reuse_port=self.settings.reuse_port
+        assert self.runner.server is not None
+        settings = self.settings
+        limits = connection_limits(
+            settings.max_connections,
+            settings.max_connections_per_peer,
+            door_bounds().http,
+            settings.pressure_idle_timeout,
+        )
+        self.connections = ConnectionGate(self.runner.server, limits, self.front.refuse)
+        site = GatedSite(
+            self.runner,
+            self.connections,
+            host,
+            int(port),
+            ssl_context=self._tls(),
+            backlog=1024,
+            reuse_port=settings.reuse_port,
         )
         try:
             await site.start()

@@ -25,6 +25,8 @@ def door_settings(settings: GatewaySettings) -> DoorSettings:
         tls_key=settings.tls_key,
         tls_client_ca=settings.tls_client_ca,
         reuse_port=settings.worker is not None,
+        max_connections=settings.http_max_connections,
+        max_connections_per_peer=settings.http_max_connections_per_peer,
     )
 
 

@@ -10,6 +10,7 @@ an L4 balancer that placed it once never moves it.
 from __future__ import annotations
 
 from antwort_grpc.config import GatewaySettings
+from antwort_grpc.open_files import door_bounds
 
 
 def _ms(seconds: float) -> int:
@@ -37,6 +38,11 @@ def connection_options(settings: GatewaySettings) -> list[tuple[str, int]]:
         # Unset: grpcio's default, no limit; a GOAWAY only steers new calls elsewhere.
         if settings.max_connection_age_grace is not None:
             options.append(("grpc.max_connection_age_grace_ms", _ms(settings.max_connection_age_grace)))
+    # Connections past it are closed as they are accepted (grpc's connection quota, per server):
+    # descriptors stay for the HTTP door, the store and the backend.
+    most = door_bounds().grpc if settings.max_connections is None else settings.max_connections
+    if most > 0:
+        options.append(("grpc.max_allowed_incoming_connections", most))
     if settings.max_streams_per_connection > 0:
         options.append(("grpc.max_concurrent_streams", settings.max_streams_per_connection))
     return options
