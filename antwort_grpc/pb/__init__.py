@@ -3,6 +3,8 @@
 
 # ruff: noqa: F401, E501
 from antwort_grpc.pb.control_pb2 import Control, SteerControl, FollowUpControl, PauseControl, ResumeControl, CancelControl, ControlRejected, ControlAccepted, FieldViolation
+from antwort_grpc.pb.conversations_service_pb2 import Conversation, CreateConversationRequest, CreateConversationResponse, GetConversationRequest, GetConversationResponse, UpdateConversationRequest, UpdateConversationResponse, DeleteConversationRequest, DeleteConversationResponse, ListConversationItemsRequest, ListConversationItemsResponse, CreateConversationItemsRequest, CreateConversationItemsResponse, GetConversationItemRequest, GetConversationItemResponse, DeleteConversationItemRequest, DeleteConversationItemResponse
+from antwort_grpc.pb.conversations_service_pb2_grpc import ConversationsServiceStub, ConversationsServiceServicer, add_ConversationsServiceServicer_to_server, ConversationsService
 from antwort_grpc.pb.event_pb2 import TurnDecision, InputKind, StreamEvent, ResponseCreatedEvent, ResponseInProgressEvent, OutputItemAddedEvent, OutputItemDoneEvent, ContentPartAddedEvent, ContentPartDoneEvent, OutputTextDeltaEvent, OutputTextDoneEvent, RefusalDeltaEvent, RefusalDoneEvent, FunctionCallArgumentsDeltaEvent, FunctionCallArgumentsDoneEvent, ReasoningTextDeltaEvent, ReasoningTextDoneEvent, ResponseCompletedEvent, ResponseRequiresActionEvent, ResponseIncompleteEvent, ResponseFailedEvent, ResponseCancelledEvent, ToolExecutionInProgressEvent, ToolExecutionProgressEvent, ToolExecutionCompletedEvent, ToolExecutionFailedEvent, HookFailedEvent, TurnStartedEvent, TurnDecidedEvent, ApprovalRequestedEvent, PausedEvent, ResumedEvent, InputInjectedEvent, TurnCompletedEvent, ResponseRecoveredEvent
 from antwort_grpc.pb.hook_pb2 import HookPoint
 from antwort_grpc.pb.hook_service_pb2 import GetHookInfoRequest, GetHookInfoResponse, SessionRequest, HookCaller, HookCall, SessionResponse, HookAnswer, HookContext, BeforeResponseRequest, BeforeResponseResponse, AfterResponseRequest, AfterResponseResponse, ModelCall, BeforeModelRequest, BeforeModelResponse, ModelCallChange, OfferedTools, ModelAnswer, AfterModelRequest, AfterModelResponse, BeforeToolRequest, BeforeToolResponse, AfterToolRequest, AfterToolResponse, ApproveToolRequest, ApproveToolResponse, PauseCheckRequest, PauseCheckResponse
@@ -25,6 +27,27 @@ __all__ = [
     "ControlRejected",
     "ControlAccepted",
     "FieldViolation",
+    "Conversation",
+    "CreateConversationRequest",
+    "CreateConversationResponse",
+    "GetConversationRequest",
+    "GetConversationResponse",
+    "UpdateConversationRequest",
+    "UpdateConversationResponse",
+    "DeleteConversationRequest",
+    "DeleteConversationResponse",
+    "ListConversationItemsRequest",
+    "ListConversationItemsResponse",
+    "CreateConversationItemsRequest",
+    "CreateConversationItemsResponse",
+    "GetConversationItemRequest",
+    "GetConversationItemResponse",
+    "DeleteConversationItemRequest",
+    "DeleteConversationItemResponse",
+    "ConversationsServiceStub",
+    "ConversationsServiceServicer",
+    "add_ConversationsServiceServicer_to_server",
+    "ConversationsService",
     "TurnDecision",
     "InputKind",
     "StreamEvent",

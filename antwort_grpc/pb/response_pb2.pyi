@@ -68,7 +68,7 @@ class IncompleteDetails(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Response(_message.Message):
-    __slots__ = ("id", "model", "status", "created_at", "completed_at", "output", "usage", "error", "incomplete_details", "previous_response_id", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "store", "metadata", "truncation", "omitted_items", "metrics", "text")
+    __slots__ = ("id", "model", "status", "created_at", "completed_at", "output", "usage", "error", "incomplete_details", "previous_response_id", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "store", "metadata", "truncation", "omitted_items", "metrics", "text", "conversation_id")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,7 @@ class Response(_message.Message):
     OMITTED_ITEMS_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: str
     status: ResponseStatus
@@ -122,7 +123,8 @@ class Response(_message.Message):
     omitted_items: int
     metrics: RunMetrics
     text: TextConfig
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., status: _Optional[_Union[ResponseStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., output: _Optional[_Iterable[_Union[_item_pb2.Item, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., error: _Optional[_Union[ResponseError, _Mapping]] = ..., incomplete_details: _Optional[_Union[IncompleteDetails, _Mapping]] = ..., previous_response_id: _Optional[str] = ..., instructions: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_tool_pb2.Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_tool_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., max_output_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., store: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., omitted_items: _Optional[int] = ..., metrics: _Optional[_Union[RunMetrics, _Mapping]] = ..., text: _Optional[_Union[TextConfig, _Mapping]] = ...) -> None: ...
+    conversation_id: str
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., status: _Optional[_Union[ResponseStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., output: _Optional[_Iterable[_Union[_item_pb2.Item, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., error: _Optional[_Union[ResponseError, _Mapping]] = ..., incomplete_details: _Optional[_Union[IncompleteDetails, _Mapping]] = ..., previous_response_id: _Optional[str] = ..., instructions: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_tool_pb2.Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_tool_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., max_output_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., store: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., omitted_items: _Optional[int] = ..., metrics: _Optional[_Union[RunMetrics, _Mapping]] = ..., text: _Optional[_Union[TextConfig, _Mapping]] = ..., conversation_id: _Optional[str] = ...) -> None: ...
 
 class TextConfig(_message.Message):
     __slots__ = ("format",)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from antwort_grpc import pb
 from antwort_grpc.storage.base import RUNNING, ItemPage, StoredResponse
 from antwort_grpc.storage.codec import find_item, indexed_ids, mark_interrupted, page_items
+from antwort_grpc.storage.conversations import MemoryConversations, MemoryConversationTables
 from antwort_grpc.storage.maintenance import CancelCallbacks
 from antwort_grpc.storage.options import StoreOptions
 from antwort_grpc.storage.runlog_memory import MemoryRunLog, RunTables
@@ -36,6 +37,8 @@ class MemoryDatabase:
     size: int = 0
     # Background runs: event logs, checkpoints, leases, idempotency keys (runlog_memory.py).
     runs: RunTables = field(default_factory=RunTables)
+    # Conversations and their items (storage/conversations.py).
+    conversations: MemoryConversationTables = field(default_factory=MemoryConversationTables)
     # (owner, item id) -> the ended responses that hold the item, the latest last. Built at the
     # first lookup and kept from then on: a process whose clients never refer to items pays nothing.
     items: dict[tuple[str, str], dict[str, None]] | None = None
@@ -98,6 +101,7 @@ class MemoryStore:
         self.database = database or MemoryDatabase()
         self._cancels = CancelCallbacks()
         self.runlog = MemoryRunLog(self.database.runs, self.options)
+        self.conversations = MemoryConversations(self.database.conversations)
 
     @property
     def _entries(self) -> dict[str, _Entry]:

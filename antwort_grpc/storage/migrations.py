@@ -87,6 +87,25 @@ SQLITE: list[tuple[str, ...]] = [
         """CREATE TRIGGER antwort_items_gone AFTER DELETE ON antwort_responses
             BEGIN DELETE FROM antwort_items WHERE response_id = old.id; END""",
     ),
+    (
+        # Conversations (storage/conversations.py): the Conversation (protobuf bytes) and the next
+        # free position of its items; the items by position, and by id for lookups and cursors.
+        """CREATE TABLE antwort_conversations (
+            id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            conversation BLOB NOT NULL,
+            next_seq INTEGER NOT NULL
+        )""",
+        """CREATE TABLE antwort_conversation_items (
+            conversation_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            item_id TEXT NOT NULL,
+            from_model INTEGER NOT NULL,
+            item BLOB NOT NULL,
+            PRIMARY KEY (conversation_id, seq)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX antwort_conversation_items_id ON antwort_conversation_items (conversation_id, item_id)",
+    ),
 ]
 
 POSTGRES: list[tuple[str, ...]] = [
@@ -167,6 +186,24 @@ POSTGRES: list[tuple[str, ...]] = [
             PRIMARY KEY (owner, item_id, response_id)
         )""",
         "CREATE INDEX antwort_items_response ON antwort_items (response_id)",
+    ),
+    (
+        # As SQLite's version 4: conversations and their items.
+        """CREATE TABLE antwort_conversations (
+            id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            conversation BYTEA NOT NULL,
+            next_seq INTEGER NOT NULL
+        )""",
+        """CREATE TABLE antwort_conversation_items (
+            conversation_id TEXT NOT NULL REFERENCES antwort_conversations (id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            item_id TEXT NOT NULL,
+            from_model BOOLEAN NOT NULL,
+            item BYTEA NOT NULL,
+            PRIMARY KEY (conversation_id, seq)
+        )""",
+        "CREATE INDEX antwort_conversation_items_id ON antwort_conversation_items (conversation_id, item_id)",
     ),
 ]
 

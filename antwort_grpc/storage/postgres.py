@@ -47,6 +47,7 @@ from antwort_grpc.storage.codec import (
     interrupted,
     to_row,
 )
+from antwort_grpc.storage.conversations_sql import PostgresConversations
 from antwort_grpc.storage.maintenance import CancelCallbacks, start_upkeep
 from antwort_grpc.storage.migrations import migrate_postgres
 from antwort_grpc.storage.options import StoreOptions
@@ -130,6 +131,7 @@ class PostgresStore(InputItemsInTheRow):
         self._session: Connection | None = None
         self._task: asyncio.Task[None] | None = None
         self.runlog = PostgresRunLog(pool, options)
+        self.conversations = PostgresConversations(pool)
         # The index of items is complete (the switch is on and what was stored before is in it).
         self._items_indexed = False
 

@@ -31,6 +31,7 @@ from antwort_grpc.storage.codec import (
     interrupted,
     to_row,
 )
+from antwort_grpc.storage.conversations_sql import SQLiteConversations
 from antwort_grpc.storage.maintenance import CancelCallbacks, start_upkeep
 from antwort_grpc.storage.migrations import migrate_sqlite
 from antwort_grpc.storage.options import StoreOptions
@@ -97,6 +98,7 @@ class SQLiteStore(InputItemsInTheRow):
         self._cancels = CancelCallbacks()
         self._task: asyncio.Task[None] | None = None
         self.runlog = SQLiteRunLog(writer, reader, options)
+        self.conversations = SQLiteConversations(writer, reader)
         # Whether saves index their items (a client has referred to one in this database), and
         # the indexing of what was stored before, while it runs.
         self._items_indexed = False
