@@ -50,7 +50,12 @@ def invalid_argument(violations: list[FieldViolation]) -> RequestError:
 
 
 # ResourceInfo.resource_type of what a NOT_FOUND names (by the first word of `what`).
-RESOURCE_TYPES = {"response": "antwort.v1.Response", "model": "model", "item": "antwort.v1.Item"}
+RESOURCE_TYPES = {
+    "response": "antwort.v1.Response",
+    "model": "model",
+    "item": "antwort.v1.Item",
+    "conversation": "antwort.v1.Conversation",
+}
 
 
 def not_found(what: str, ident: str, field: str = "", description: str = "", reason: str = "not_found") -> RequestError:

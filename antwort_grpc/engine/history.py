@@ -1,4 +1,5 @@
-"""Conversation state: rebuild a request's context from the chain of earlier responses."""
+"""Conversation state: rebuild a request's context from the chain of earlier responses, or from
+the items of a conversation the gateway keeps (storage/conversations.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import grpc
 from antwort_grpc import pb
 from antwort_grpc.errors import FieldViolation, RequestError, not_found
 from antwort_grpc.storage.base import ResponseStore, StoredResponse
+from antwort_grpc.storage.conversations import ConversationStore
 
 # The most a chain may hold (its responses' input and output, serialized), so a request cannot
 # make the gateway load without bound; measured as the chain is read, so it stops at the cap.
@@ -64,6 +66,39 @@ async def load_history(
         for item in record.response.output:
             if item.WhichOneof("kind") == "function_call":
                 history.model_calls[item.function_call.call_id] = item.function_call
+    return history
+
+
+async def load_conversation(store: object, conversation_id: str, *, owner: str, max_bytes: int) -> History:
+    """The items of a kept conversation, oldest first. NOT_FOUND when it does not exist (for this
+    owner); FAILED_PRECONDITION when it holds more than `max_bytes`."""
+    kept = getattr(store, "conversations", None)
+    if not isinstance(kept, ConversationStore):
+        raise RequestError(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "this gateway's response store keeps no conversations",
+            [FieldViolation("conversation_id", "conversations are not supported by this store")],
+            "conversations_unsupported",
+        )
+    entries = await kept.entries(conversation_id, owner)
+    if entries is None:
+        raise not_found("conversation", conversation_id, "conversation_id")
+    history = History()
+    size = 0
+    for entry in entries:
+        size += entry.item.ByteSize()
+        history.items.append(entry.item)
+        # Only calls a response's model made may run on our side when a continuation picks them up.
+        if entry.from_model and entry.item.WhichOneof("kind") == "function_call":
+            history.model_calls[entry.item.function_call.call_id] = entry.item.function_call
+    if size > max_bytes:
+        message = f"conversation {conversation_id!r} holds more than {max_bytes} bytes of items"
+        raise RequestError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            message,
+            [FieldViolation("conversation_id", message)],
+            "conversation_too_large",
+        )
     return history
 
 

@@ -22,10 +22,11 @@ from antwort_grpc import pb
 from antwort_grpc.engine import continuation, durable, response_status
 from antwort_grpc.engine.budget import ControlLimits, ServerLimits, run_limits
 from antwort_grpc.engine.checkpoints import inject_items
+from antwort_grpc.engine.conversation import conversation_append
 from antwort_grpc.engine.durable import Resumed
 from antwort_grpc.engine.emitter import ResponseEmitter, echoed_tools
 from antwort_grpc.engine.gated_tools import GatedTools
-from antwort_grpc.engine.history import HISTORY_MAX_BYTES, History, load_history
+from antwort_grpc.engine.history import HISTORY_MAX_BYTES, History, load_conversation, load_history
 from antwort_grpc.engine.hook_gate import HookPoints, gate
 from antwort_grpc.engine.model_call import call_model, structured_format, turn_request
 from antwort_grpc.engine.outcomes import (
@@ -106,7 +107,11 @@ class Engine:
     # -- the public entry points ----------------------------------------------------------------
 
     async def _history(self, request: pb.CreateResponseRequest, owner: str) -> History:
-        """The conversation `previous_response_id` names (empty without one)."""
+        """The conversation `previous_response_id` (or `conversation_id`) names (empty without one)."""
+        if request.conversation_id:
+            return await load_conversation(
+                self.store, request.conversation_id, owner=owner, max_bytes=self.config.history_max_bytes
+            )
         if not request.previous_response_id:
             return History()
         return await load_history(
@@ -341,6 +346,8 @@ class Engine:
             for event in run.hooks.events(emitter, ending=True):
                 yield event
             await asyncio.shield(self._save(run))
+            if run.request.conversation_id:
+                await asyncio.shield(conversation_append(self.store, run))
             finished = True
             yield await _terminal(emitter, outcome)
         finally:

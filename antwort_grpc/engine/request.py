@@ -61,6 +61,7 @@ def new_response(
     response.model = model
     response.status = _IN_PROGRESS  # type: ignore[assignment]
     response.previous_response_id = request.previous_response_id
+    response.conversation_id = request.conversation_id
     response.instructions = request.instructions
     response.parallel_tool_calls = request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
     response.store = request.store if request.HasField("store") else True

@@ -25,6 +25,7 @@ from antwort_grpc.errors import RequestError
 from antwort_grpc.front.call import Call, Encoded, Metadata, Sink
 from antwort_grpc.front.compaction import Compacted, summarizing_request, summary_of
 from antwort_grpc.front.controls import CONTROLS
+from antwort_grpc.front.conversations import ConversationsFront
 from antwort_grpc.front.creates import Last, deliver, follow, wants_durable
 from antwort_grpc.front.session import ConverseSink, Session
 from antwort_grpc.front.stalls import Guard, StallWatch
@@ -62,6 +63,8 @@ class Front:
         self.converse_idle_timeout = converse_idle_timeout
         # Set by the process root when the drain ends: from then on every door refuses new work.
         self.closing = False
+        # The conversation resources (front/conversations.py).
+        self.conversations = ConversationsFront(self)
 
     @property
     def authenticates(self) -> bool:
@@ -83,6 +86,10 @@ class Front:
         """A request its door refused before it reached the core (it did not decode, or carried no
         valid credential): counted as the core counts its own refusals."""
         self.edge.refused(method, error)
+
+    def check_open(self, method: str) -> None:
+        """UNAVAILABLE (shutting_down) once the process stops taking work."""
+        self._open(method)
 
     def _open(self, method: str) -> None:
         if self.closing:

@@ -22,6 +22,7 @@ from antwort_grpc.hooks.service import Caller
 from antwort_grpc.providers.base import Capabilities
 from antwort_grpc.responses.admission import hook_run
 from antwort_grpc.responses.controls import check_control
+from antwort_grpc.responses.conversations import check_conversation
 from antwort_grpc.responses.references import references, resolve_references
 from antwort_grpc.responses.request_limits import DEFAULT_LIMITS, Limits
 from antwort_grpc.responses.servable import check_servable
@@ -98,6 +99,8 @@ class Responses:
         await check_create(request, self.limits)
         check_servable(request, self.served, self.engine.config.default_model)
         violations = validate_policy(request, self.engine.server_limits)
+        if request.conversation_id:
+            violations += check_conversation(request)
         if violations:
             raise invalid_argument(violations)
 

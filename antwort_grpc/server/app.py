@@ -20,12 +20,14 @@ from antwort_grpc.grpc_security import AuthInterceptor, server_credentials
 from antwort_grpc.grpc_server import ServerSpec, Serving, bound_address, start_server
 from antwort_grpc.providers.base import ProviderHealth
 from antwort_grpc.server.connections import connection_options
+from antwort_grpc.server.conversations import ConversationsServicer
 from antwort_grpc.server.decode import EVERY_MESSAGE, add_parsing_servicer
 from antwort_grpc.server.servicer import ResponsesServicer
 
 log = logging.getLogger(__name__)
 
 RESPONSES_SERVICE = "antwort.v1.ResponsesService"
+CONVERSATIONS_SERVICE = "antwort.v1.ConversationsService"
 # Health of the model backend, separate from the gateway's own: the gateway keeps serving reads
 # (and answers new responses with backend_unavailable) while the backend is down.
 BACKEND_HEALTH = "antwort.v1.ModelBackend"
@@ -87,11 +89,17 @@ class GrpcDoor:
             measure = rpc.measure if rpc is not None else None
             interceptors.append(AuthInterceptor(core.authenticator, refused=front.refuse, measure=measure))
         servicer = ResponsesServicer(front)
-        spec = ServerSpec(
-            services=[RESPONSES_SERVICE],
-            add_services=lambda server: add_parsing_servicer(
+        conversations = ConversationsServicer(front)
+
+        def add_services(server: grpc.aio.Server) -> None:
+            add_parsing_servicer(
                 pb.add_ResponsesServiceServicer_to_server, servicer, server, refused=front.refuse, undecoded=UNDECODED
-            ),
+            )
+            add_parsing_servicer(pb.add_ConversationsServiceServicer_to_server, conversations, server, front.refuse)
+
+        spec = ServerSpec(
+            services=[RESPONSES_SERVICE, CONVERSATIONS_SERVICE],
+            add_services=add_services,
             credentials=credentials,
             interceptors=interceptors,
             options=connection_options(settings),

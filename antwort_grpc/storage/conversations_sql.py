@@ -33,8 +33,7 @@ def _conversation(data: bytes) -> pb.Conversation:
 
 def _rows(conversation_id: str, first: int, entries: Sequence[Entry]) -> list[tuple[Any, ...]]:
     return [
-        (conversation_id, first + n, e.item.id, e.from_model, e.item.SerializeToString())
-        for n, e in enumerate(entries)
+        (conversation_id, first + n, e.item.id, e.from_model, e.item.SerializeToString()) for n, e in enumerate(entries)
     ]
 
 
