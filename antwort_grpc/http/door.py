@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 from aiohttp import web
 
+from antwort_grpc import pb
 from antwort_grpc.auth import AuthError, current_identity
 from antwort_grpc.errors import RequestError
 from antwort_grpc.front import Call, Front
@@ -33,9 +34,17 @@ from antwort_grpc.http.body import (
 from antwort_grpc.http.compaction import compacted_json
 from antwort_grpc.http.connections import ConnectionGate, GatedSite, connection_limits
 from antwort_grpc.http.controls import ROUTED
+from antwort_grpc.http.conversations import (
+    add_items_request,
+    conversation_json,
+    create_conversation_request,
+    deleted_json,
+    items_json,
+    update_conversation_request,
+)
 from antwort_grpc.http.errors import error_json, http_status, plain_error, server_log
 from antwort_grpc.http.jsonread import bad, integer, obj, one_of
-from antwort_grpc.http.mapping import accepted_json, dumps, input_items_json, response_json
+from antwort_grpc.http.mapping import accepted_json, dumps, input_items_json, item_json, response_json
 from antwort_grpc.http.sinks import EventWriter
 from antwort_grpc.open_files import door_bounds
 from antwort_grpc.startup_errors import StartupError
@@ -47,6 +56,7 @@ log = logging.getLogger(__name__)
 EXTENSIONS_HEADER = "Antwort-Events"
 EXTENDED = "all"
 ORDERS = {"asc": False, "desc": True}
+LIST_ORDERS = {False: pb.ListOrder.LIST_ORDER_ASC, True: pb.ListOrder.LIST_ORDER_DESC}
 STREAM_VALUES = {"true": True, "false": False}
 JSON_TYPE = "application/json"
 
@@ -101,8 +111,21 @@ class HttpDoor:
         # Our extension: the controls of a response in progress (docs/http.md).
         for name in ROUTED:
             app.router.add_post(f"/v1/responses/{{id}}/{name}", self.control)
+        self._conversation_routes(app)
         app.router.add_get("/health", self.health)
         return app
+
+    def _conversation_routes(self, app: web.Application) -> None:
+        """OpenAI's /v1/conversations."""
+        router = app.router
+        router.add_post("/v1/conversations", self.create_conversation)
+        router.add_get("/v1/conversations/{id}", self.get_conversation)
+        router.add_post("/v1/conversations/{id}", self.update_conversation)
+        router.add_delete("/v1/conversations/{id}", self.delete_conversation)
+        router.add_get("/v1/conversations/{id}/items", self.conversation_items)
+        router.add_post("/v1/conversations/{id}/items", self.add_conversation_items)
+        router.add_get("/v1/conversations/{id}/items/{item_id}", self.conversation_item)
+        router.add_delete("/v1/conversations/{id}/items/{item_id}", self.delete_conversation_item)
 
     async def start(self, listen: str) -> None:
         """Serve on `listen` (host:port; port 0: any free one)."""
@@ -295,6 +318,62 @@ class HttpDoor:
         control = ROUTED[name](body)
         accepted = await self.front.control(_call(request, "ControlResponse"), request.match_info["id"], control)
         return web.json_response(accepted_json(accepted), dumps=_dumps)
+
+    # ------------------------------------------------------------------- conversations
+
+    async def _json_body(self, request: web.Request) -> object:
+        """A conversation request's body: JSON within the request limits (none: an empty object)."""
+        return await read_json(await self._body(request), self.front.limits) if request.can_read_body else {}
+
+    async def create_conversation(self, request: web.Request) -> web.Response:
+        body = await self._json_body(request)
+        created = await self.front.conversations.create(
+            _call(request, "CreateConversation"), create_conversation_request(body)
+        )
+        return web.json_response(conversation_json(created), dumps=_dumps)
+
+    async def get_conversation(self, request: web.Request) -> web.Response:
+        call = _call(request, "GetConversation")
+        return web.json_response(
+            conversation_json(await self.front.conversations.get(call, request.match_info["id"])), dumps=_dumps
+        )
+
+    async def update_conversation(self, request: web.Request) -> web.Response:
+        update = update_conversation_request(request.match_info["id"], await self._json_body(request))
+        updated = await self.front.conversations.update(_call(request, "UpdateConversation"), update)
+        return web.json_response(conversation_json(updated), dumps=_dumps)
+
+    async def delete_conversation(self, request: web.Request) -> web.Response:
+        conversation_id = request.match_info["id"]
+        await self.front.conversations.delete(_call(request, "DeleteConversation"), conversation_id)
+        return web.json_response(deleted_json(conversation_id), dumps=_dumps)
+
+    async def conversation_items(self, request: web.Request) -> web.Response:
+        query = request.query
+        listing = pb.ListConversationItemsRequest(
+            conversation_id=request.match_info["id"],
+            limit=_query_int(query.get("limit"), "limit"),
+            after=query.get("after", ""),
+            # OpenAI's default order: newest first.
+            order=LIST_ORDERS[one_of(query.get("order", "desc"), "order", ORDERS)],
+        )
+        page = await self.front.conversations.list_items(_call(request, "ListConversationItems"), listing)
+        return web.json_response(items_json(list(page.items), page.first_id, page.last_id, page.has_more), dumps=_dumps)
+
+    async def add_conversation_items(self, request: web.Request) -> web.Response:
+        adding = add_items_request(request.match_info["id"], await self._json_body(request))
+        added = await self.front.conversations.add_items(_call(request, "CreateConversationItems"), adding)
+        return web.json_response(items_json(list(added.items), added.first_id, added.last_id, False), dumps=_dumps)
+
+    async def conversation_item(self, request: web.Request) -> web.Response:
+        call, match = _call(request, "GetConversationItem"), request.match_info
+        item = await self.front.conversations.get_item(call, match["id"], match["item_id"])
+        return web.json_response(item_json(item), dumps=_dumps)
+
+    async def delete_conversation_item(self, request: web.Request) -> web.Response:
+        call, match = _call(request, "DeleteConversationItem"), request.match_info
+        conversation = await self.front.conversations.delete_item(call, match["id"], match["item_id"])
+        return web.json_response(conversation_json(conversation), dumps=_dumps)
 
     async def _body(self, request: web.Request) -> bytes:
         """The request's body, read within the idle timeout (a client that dribbles it is cut),

@@ -37,6 +37,7 @@ TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permis
 _PARAM_RULES = [
     (re.compile(r"^input_items\.items"), "input"),
     (re.compile(r"^input_text$"), "input"),
+    (re.compile(r"^conversation_id$"), "conversation"),
     (re.compile(r"^limits\."), ""),
     (re.compile(r"^tool_choice\.allowed_tools\.tool_names"), "tool_choice.tools"),
     (re.compile(r"^tool_choice\.(mode|allowed_tools)$"), "tool_choice"),

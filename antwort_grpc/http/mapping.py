@@ -147,6 +147,14 @@ def _previous(request: pb.CreateResponseRequest, value: object) -> None:
     request.previous_response_id = string(value, "previous_response_id")
 
 
+def _conversation(request: pb.CreateResponseRequest, value: object) -> None:
+    """An id, or OpenAI's object form {"id": ...}."""
+    if isinstance(value, dict):
+        request.conversation_id = string(value.get("id"), "conversation.id")
+    else:
+        request.conversation_id = string(value, "conversation")
+
+
 def _tools(request: pb.CreateResponseRequest, value: object) -> None:
     request.tools.extend(tool_from_json(entry, f"tools[{n}]") for n, entry in enumerate(array(value, "tools")))
 
@@ -223,6 +231,7 @@ _FIELDS: dict[str, Callable[[pb.CreateResponseRequest, object], None]] = {
     "input": _input,
     "instructions": _instructions,
     "previous_response_id": _previous,
+    "conversation": _conversation,
     "tools": _tools,
     "tool_choice": _tool_choice,
     "metadata": _metadata,
@@ -679,6 +688,7 @@ def response_json(response: pb.Response, background: bool = False) -> JSON:
         **_ending_json(response),
         "model": response.model,
         "previous_response_id": response.previous_response_id or None,
+        "conversation": {"id": response.conversation_id} if response.conversation_id else None,
         "instructions": response.instructions or None,
         "output": [item_json(item) for item in response.output],
         "tools": echoed_tools_json(response),
