@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     Pool = asyncpg.Pool[asyncpg.Record]
 
 _ITEMS = "antwort_conversation_items"
+# Past every position (INTEGER columns: 32 bits in PostgreSQL).
+_AFTER_ALL = 2**31 - 1
 
 
 def _conversation(data: bytes) -> pb.Conversation:
@@ -110,7 +112,7 @@ class SQLiteConversations:
         def read(conn: sqlite3.Connection) -> ItemPage | None:
             if not _owned(conn, conversation_id, owner):
                 return None
-            start = -1 if not descending else 1 << 62
+            start = -1 if not descending else _AFTER_ALL
             if after:
                 found = conn.execute(
                     f"SELECT min(seq) FROM {_ITEMS} WHERE conversation_id = ? AND item_id = ?", (conversation_id, after)
@@ -226,7 +228,7 @@ class PostgresConversations:
         async with self.pool.acquire() as conn:
             if not await _pg_owned(conn, conversation_id, owner):
                 return None
-            start = -1 if not descending else 1 << 62
+            start = -1 if not descending else _AFTER_ALL
             if after:
                 sql = f"SELECT min(seq) FROM {_ITEMS} WHERE conversation_id = $1 AND item_id = $2"
                 found = await conn.fetchval(sql, conversation_id, after)
