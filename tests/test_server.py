@@ -167,7 +167,13 @@ async def test_grpcurl_lists_both_reflection_versions_and_health_lists_every_ser
         assert "rpc ServerReflectionInfo ( stream .grpc.reflection.v1.ServerReflectionRequest )" in described
         statuses = json.loads(await grpcurl(gw.target, "grpc.health.v1.Health/List", data="{}"))["statuses"]
         assert statuses == {
-            name: {"status": "SERVING"} for name in ("", "antwort.v1.ResponsesService", "antwort.v1.ModelBackend")
+            name: {"status": "SERVING"}
+            for name in (
+                "",
+                "antwort.v1.ResponsesService",
+                "antwort.v1.ConversationsService",
+                "antwort.v1.ModelBackend",
+            )
         }
 
 

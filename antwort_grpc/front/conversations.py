@@ -15,7 +15,11 @@ if TYPE_CHECKING:
 class ConversationsFront:
     def __init__(self, front: Front) -> None:
         self.front = front
-        self.conversations = Conversations(front.responses.store)
+
+    @property
+    def conversations(self) -> Conversations:
+        # Read per call: the store is the responses layer's, whatever it is when a call comes.
+        return Conversations(self.front.responses.store)
 
     async def create(self, call: Call, request: pb.CreateConversationRequest) -> pb.Conversation:
         self.front.check_open(call.method)
