@@ -18,7 +18,7 @@ import pytest
 from antwort_grpc import pb
 from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
 from antwort_grpc.storage.memory import MemoryStore
-from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply
+from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply, ScriptedToolCall
 from tests.auth_fixtures import api_keys
 from tests.harness import final
 from tests.http_harness import Doors, assert_schema, running_doors
@@ -79,6 +79,54 @@ async def test_the_sdk_keeps_a_conversation_its_responses_start_from_and_add_to(
         oldest = await client.conversations.items.list(conversation.id, order="asc", limit=1)
         assert [_text(i) for i in oldest.data] == ["I am planning a trip to France."]
         await client.close()
+
+
+WEATHER: Any = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather of a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+async def test_a_function_call_round_trip_continues_in_the_conversation() -> None:
+    call = ScriptedToolCall(name="get_weather", arguments='{"city": "Paris"}')
+    async with gateway(Reply(tool_calls=[call]), Reply(text="21 degrees.")) as (doors, fake):
+        client = sdk(doors)
+        conversation = await client.conversations.create()
+        first = await client.responses.create(
+            model=MODEL, input="Weather in Paris?", tools=[WEATHER], conversation=conversation.id
+        )
+        (called,) = [item for item in first.output if item.type == "function_call"]
+        second = await client.responses.create(
+            model=MODEL,
+            tools=[WEATHER],
+            conversation=conversation.id,
+            input=[{"type": "function_call_output", "call_id": called.call_id, "output": '{"temp": 21}'}],
+        )
+        kinds = [i.type for i in (await client.conversations.items.list(conversation.id, order="asc")).data]
+        await client.close()
+    assert second.output_text == "21 degrees."
+    sent = fake.chat_requests[-1]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool"]
+    assert sent[1]["tool_calls"][0]["id"] == called.call_id
+    assert kinds == ["message", "function_call", "function_call_output", "message"]
+
+
+async def test_a_background_response_in_a_conversation_is_in_it_once_it_reads_as_ended() -> None:
+    async with gateway(Reply(text="Done later.")) as (doors, _):
+        client = sdk(doors)
+        conversation = await client.conversations.create()
+        started = await client.responses.create(
+            model=MODEL, input="Work on it.", background=True, conversation=conversation.id
+        )
+        async with asyncio.timeout(20):
+            while (done := await client.responses.retrieve(started.id)).status in ("queued", "in_progress"):
+                await asyncio.sleep(0.01)
+        items = (await client.conversations.items.list(conversation.id, order="asc")).data
+        await client.close()
+    assert done.status == "completed" and done.conversation is not None
+    assert [_text(i) for i in items] == ["Work on it.", "Done later."]
 
 
 async def test_the_sdk_reads_updates_and_deletes_a_conversation_and_its_items() -> None:

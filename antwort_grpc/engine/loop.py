@@ -345,9 +345,10 @@ class Engine:
             self._write_record(run)
             for event in run.hooks.events(emitter, ending=True):
                 yield event
-            await asyncio.shield(self._save(run))
             if run.request.conversation_id:
+                # Before the final save: whoever sees the response ended sees it in the conversation.
                 await asyncio.shield(conversation_append(self.store, run))
+            await asyncio.shield(self._save(run))
             finished = True
             yield await _terminal(emitter, outcome)
         finally:
