@@ -121,7 +121,10 @@ async def test_a_background_response_in_a_conversation_is_in_it_once_it_reads_as
             model=MODEL, input="Work on it.", background=True, conversation=conversation.id
         )
         async with asyncio.timeout(20):
-            while (done := await client.responses.retrieve(started.id)).status in ("queued", "in_progress"):
+            for _ in iter(int, 1):  # polled, as a client of a background response does
+                done = await client.responses.retrieve(started.id)
+                if done.status not in ("queued", "in_progress"):
+                    break
                 await asyncio.sleep(0.01)
         items = (await client.conversations.items.list(conversation.id, order="asc")).data
         await client.close()

@@ -39,20 +39,20 @@ async def two_replicas(admin_url: str, fake: FakeOpenAI) -> AsyncIterator[list[o
 async def test_a_conversation_is_one_across_replicas_and_keeps_both_racing_responses(
     postgres_admin_url: str,
 ) -> None:
-    async with FakeOpenAI(Reply(text="Hello, Ada."), Reply(text="noted", times=2)) as fake:
-        async with two_replicas(postgres_admin_url, fake) as (a, b):
-            conversation = await a.conversations.create(
-                items=[{"role": "user", "content": "I am Ada."}], metadata={"team": "x"}
-            )
-            assert (await b.conversations.retrieve(conversation.id)).metadata == {"team": "x"}
-            greeted = await b.responses.create(model=MODEL, input="Greet me.", conversation=conversation.id)
-            assert greeted.output_text == "Hello, Ada."
-            assert [m["content"] for m in fake.chat_requests[-1]["messages"]] == ["I am Ada.", "Greet me."]
-            first, second = await asyncio.gather(
-                a.responses.create(model=MODEL, input="one", conversation=conversation.id),
-                b.responses.create(model=MODEL, input="two", conversation=conversation.id),
-            )
-            items = (await a.conversations.items.list(conversation.id, order="asc", limit=100)).data
+    fake = FakeOpenAI(Reply(text="Hello, Ada."), Reply(text="noted", times=2))
+    async with fake, two_replicas(postgres_admin_url, fake) as (a, b):
+        conversation = await a.conversations.create(
+            items=[{"role": "user", "content": "I am Ada."}], metadata={"team": "x"}
+        )
+        assert (await b.conversations.retrieve(conversation.id)).metadata == {"team": "x"}
+        greeted = await b.responses.create(model=MODEL, input="Greet me.", conversation=conversation.id)
+        assert greeted.output_text == "Hello, Ada."
+        assert [m["content"] for m in fake.chat_requests[-1]["messages"]] == ["I am Ada.", "Greet me."]
+        first, second = await asyncio.gather(
+            a.responses.create(model=MODEL, input="one", conversation=conversation.id),
+            b.responses.create(model=MODEL, input="two", conversation=conversation.id),
+        )
+        items = (await a.conversations.items.list(conversation.id, order="asc", limit=100)).data
     texts = [_text(i) for i in items]
     assert texts[:3] == ["I am Ada.", "Greet me.", "Hello, Ada."]
     blocks = sorted([texts[3:5], texts[5:7]])
