@@ -20,9 +20,12 @@ replicas, with LISTEN/NOTIFY telling attached readers on every replica that even
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+from antwort_grpc.storage.options import StoreOptions
 
 # Why a run changed replica: its lease ran out (the replica died or hung), or its replica shut
 # down and handed it over.
@@ -65,10 +68,14 @@ class Claim:
     request: bytes
     checkpoint: Checkpoint | None
     last_sequence_number: int
-    # REPLICA_LOST or HANDED_OVER.
-    reason: str
+    # Its replica shut down and handed it over (else its lease ran out).
+    handed_over: bool
     # The events after the checkpoint (serialized), in order: what the lost replica had begun.
     tail: list[bytes] = field(default_factory=list)
+
+    @property
+    def reason(self) -> str:
+        return HANDED_OVER if self.handed_over else REPLICA_LOST
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +87,22 @@ class Remembered:
 
 
 Events = list[tuple[int, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One append as a store writes it: the events and what they change in the run's row."""
+
+    response_id: str
+    events: Events
+    # The sequence number of the last event (None: no events, only a checkpoint or the end).
+    last: int | None
+    # The events' bytes, added to the log's size.
+    size: int
+    ended: bool
+    # When an ended log may be dropped (None while the run goes on).
+    expires_at: float | None
+    checkpoint: Checkpoint | None
 
 
 class EventLog(Protocol):
@@ -216,3 +239,46 @@ class Watchers:
     def handed_over(self) -> None:
         for callback in list(self._handover):
             callback()
+
+
+class StoreRunLog(ABC):
+    """What the memory, SQLite and PostgreSQL RunLogs share: the instance their leases name, the
+    watchers in this process, and `append` but for the write itself, which each makes in one go."""
+
+    def __init__(self, options: StoreOptions, watchers: Watchers | None = None) -> None:
+        self.options = options
+        # Whom to tell of appends and handovers here (the memory store's are its database's).
+        self.watchers = watchers or Watchers()
+
+    @property
+    def _me(self) -> str:
+        return self.options.instance_id
+
+    async def append(
+        self,
+        response_id: str,
+        events: Events,
+        *,
+        ended: bool = False,
+        retention: float = 0,
+        checkpoint: Checkpoint | None = None,
+    ) -> bool:
+        """EventLog.append: the batch written, then this process's readers told."""
+        last = events[-1][0] if events else None
+        size = sum(len(data) for _, data in events)
+        expires_at = self.options.clock() + retention if ended else None
+        if not await self._write(Batch(response_id, events, last, size, ended, expires_at, checkpoint)):
+            return False
+        self.watchers.tell(response_id)
+        return True
+
+    @abstractmethod
+    async def _write(self, batch: Batch) -> bool:
+        """Write `batch` (events, counters, checkpoint) at once; False, and nothing written, when
+        this replica no longer holds the run's lease."""
+
+    def watch(self, response_id: str, callback: Callable[[], None]) -> Callable[[], None]:
+        return self.watchers.add(response_id, callback)
+
+    def on_handover(self, callback: Callable[[], None]) -> Callable[[], None]:
+        return self.watchers.add_handover(callback)

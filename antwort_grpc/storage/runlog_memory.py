@@ -3,20 +3,10 @@ gateways sharing one MemoryDatabase stand for replicas sharing a database)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from antwort_grpc.storage.options import StoreOptions
-from antwort_grpc.storage.runlog import (
-    HANDED_OVER,
-    REPLICA_LOST,
-    Checkpoint,
-    Claim,
-    Events,
-    LogState,
-    Remembered,
-    Watchers,
-)
+from antwort_grpc.storage.runlog import Batch, Checkpoint, Claim, Events, LogState, Remembered, StoreRunLog, Watchers
 
 
 @dataclass(slots=True)
@@ -54,14 +44,10 @@ class RunTables:
         return run is not None and not run.ended
 
 
-class MemoryRunLog:
+class MemoryRunLog(StoreRunLog):
     def __init__(self, tables: RunTables, options: StoreOptions) -> None:
+        super().__init__(options, tables.watchers)
         self.tables = tables
-        self.options = options
-
-    @property
-    def _me(self) -> str:
-        return self.options.instance_id
 
     async def begin(self, response_id: str, owner: str, request: bytes, lease: float) -> None:
         self.tables.runs[response_id] = _Run(owner, request, self._me, self.options.clock() + lease)
@@ -70,29 +56,20 @@ class MemoryRunLog:
         run = self.tables.runs.get(response_id)
         return run if run is not None and run.lease_instance == self._me and not run.ended else None
 
-    async def append(
-        self,
-        response_id: str,
-        events: Events,
-        *,
-        ended: bool = False,
-        retention: float = 0,
-        checkpoint: Checkpoint | None = None,
-    ) -> bool:
-        run = self._held(response_id)
+    async def _write(self, batch: Batch) -> bool:
+        run = self._held(batch.response_id)
         if run is None:
             return False
-        if checkpoint is not None:
-            run.checkpoint = checkpoint
+        if batch.checkpoint is not None:
+            run.checkpoint = batch.checkpoint
         if not run.truncated:
-            run.events += events
-        if events:
-            run.last_seq = events[-1][0]
-            run.log_bytes += sum(len(data) for _, data in events)
-        if ended:
+            run.events += batch.events
+        if batch.last is not None:
+            run.last_seq = batch.last
+            run.log_bytes += batch.size
+        if batch.ended:
             run.ended = True
-            run.expires_at = self.options.clock() + retention
-        self.tables.watchers.tell(response_id)
+            run.expires_at = batch.expires_at
         return True
 
     async def truncate(self, response_id: str) -> None:
@@ -140,7 +117,7 @@ class MemoryRunLog:
             if run is not None:
                 run.lease_until = 0.0
                 run.handed_over = True
-        self.tables.watchers.handed_over()
+        self.watchers.handed_over()
 
     async def claim(self, lease: float, limit: int) -> list[Claim]:
         now = self.options.clock()
@@ -151,11 +128,11 @@ class MemoryRunLog:
             # Never its own: fencing tells replicas apart by instance, not by claim.
             if run.ended or run.lease_until > now or run.lease_instance == self._me:
                 continue
-            reason = HANDED_OVER if run.handed_over else REPLICA_LOST
+            handed_over = run.handed_over
             run.lease_instance, run.lease_until, run.handed_over = self._me, now + lease, False
             after = run.checkpoint.sequence_number if run.checkpoint else 0
             tail = [data for seq, data in run.events if seq > after]
-            claims.append(Claim(response_id, run.owner, run.request, run.checkpoint, run.last_seq, reason, tail))
+            claims.append(Claim(response_id, run.owner, run.request, run.checkpoint, run.last_seq, handed_over, tail))
         return claims
 
     async def next_expiry(self) -> float | None:
@@ -166,12 +143,6 @@ class MemoryRunLog:
             if not r.ended and r.lease_instance != self._me and r.lease_until > now
         ]
         return min(leases) - now if leases else None
-
-    def watch(self, response_id: str, callback: Callable[[], None]) -> Callable[[], None]:
-        return self.tables.watchers.add(response_id, callback)
-
-    def on_handover(self, callback: Callable[[], None]) -> Callable[[], None]:
-        return self.tables.watchers.add_handover(callback)
 
     async def remember(self, owner: str, key: str, digest: str, response_id: str, ttl: float) -> Remembered | None:
         now = self.options.clock()

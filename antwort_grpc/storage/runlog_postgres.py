@@ -10,20 +10,10 @@ own (its fencing is by instance: a run it still drives must not get a second run
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from antwort_grpc.storage.options import StoreOptions
-from antwort_grpc.storage.runlog import (
-    HANDED_OVER,
-    REPLICA_LOST,
-    Checkpoint,
-    Claim,
-    Events,
-    LogState,
-    Remembered,
-    Watchers,
-)
+from antwort_grpc.storage.runlog import Batch, Checkpoint, Claim, Events, LogState, Remembered, StoreRunLog
 
 if TYPE_CHECKING:
     import asyncpg
@@ -53,15 +43,10 @@ _CLAIM = """UPDATE antwort_runs AS r SET lease_instance = $1, lease_until = $2, 
         r.cp_seq"""
 
 
-class PostgresRunLog:
+class PostgresRunLog(StoreRunLog):
     def __init__(self, pool: Pool, options: StoreOptions) -> None:
+        super().__init__(options)
         self.pool = pool
-        self.options = options
-        self.watchers = Watchers()
-
-    @property
-    def _me(self) -> str:
-        return self.options.instance_id
 
     # Listeners on the store's session connection (postgres.py adds them).
     def events_notified(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
@@ -83,24 +68,16 @@ class PostgresRunLog:
             self.options.clock() + lease,
         )
 
-    async def append(
-        self,
-        response_id: str,
-        events: Events,
-        *,
-        ended: bool = False,
-        retention: float = 0,
-        checkpoint: Checkpoint | None = None,
-    ) -> bool:
-        cp = checkpoint
+    async def _write(self, batch: Batch) -> bool:
+        cp, events = batch.checkpoint, batch.events
         held = await self.pool.fetchrow(
             _APPEND,
-            response_id,
+            batch.response_id,
             self._me,
-            events[-1][0] if events else None,
-            sum(len(data) for _, data in events),
-            ended,
-            self.options.clock() + retention if ended else None,
+            batch.last,
+            batch.size,
+            batch.ended,
+            batch.expires_at,
             [seq for seq, _ in events],
             [data for _, data in events],
             cp.response if cp else None,
@@ -108,10 +85,7 @@ class PostgresRunLog:
             cp.round if cp else None,
             cp.sequence_number if cp else None,
         )
-        if held is None:
-            return False
-        self.watchers.tell(response_id)
-        return True
+        return held is not None
 
     async def truncate(self, response_id: str) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
@@ -189,7 +163,6 @@ class PostgresRunLog:
                     row["id"],
                     checkpoint.sequence_number if checkpoint else 0,
                 )
-                reason = HANDED_OVER if row["handed_over"] else REPLICA_LOST
                 claims.append(
                     Claim(
                         row["id"],
@@ -197,7 +170,7 @@ class PostgresRunLog:
                         row["request"],
                         checkpoint,
                         row["last_seq"],
-                        reason,
+                        row["handed_over"],
                         [t["event"] for t in tail],
                     )
                 )
@@ -211,12 +184,6 @@ class PostgresRunLog:
             self._me,
         )
         return None if first is None else first - now
-
-    def watch(self, response_id: str, callback: Callable[[], None]) -> Callable[[], None]:
-        return self.watchers.add(response_id, callback)
-
-    def on_handover(self, callback: Callable[[], None]) -> Callable[[], None]:
-        return self.watchers.add_handover(callback)
 
     async def remember(self, owner: str, key: str, digest: str, response_id: str, ttl: float) -> Remembered | None:
         now = self.options.clock()

@@ -9,34 +9,19 @@ Readers of the log are in this process; they are told of appends directly.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
 
 from antwort_grpc.storage.options import StoreOptions
-from antwort_grpc.storage.runlog import (
-    HANDED_OVER,
-    REPLICA_LOST,
-    Checkpoint,
-    Claim,
-    Events,
-    LogState,
-    Remembered,
-    Watchers,
-)
+from antwort_grpc.storage.runlog import Batch, Checkpoint, Claim, Events, LogState, Remembered, StoreRunLog
 from antwort_grpc.storage.sqlite_worker import SQLiteWorker
 
 _HELD = "id = ? AND lease_instance = ? AND ended = 0"
 
 
-class SQLiteRunLog:
+class SQLiteRunLog(StoreRunLog):
     def __init__(self, writer: SQLiteWorker, reader: SQLiteWorker, options: StoreOptions) -> None:
+        super().__init__(options)
         self.writer = writer
         self.reader = reader
-        self.options = options
-        self.watchers = Watchers()
-
-    @property
-    def _me(self) -> str:
-        return self.options.instance_id
 
     async def begin(self, response_id: str, owner: str, request: bytes, lease: float) -> None:
         row = (response_id, owner, request, self._me, self.options.clock() + lease)
@@ -44,25 +29,14 @@ class SQLiteRunLog:
                  VALUES (?, ?, ?, ?, ?)"""
         await self.writer.run(lambda conn: conn.execute(sql, row))
 
-    async def append(
-        self,
-        response_id: str,
-        events: Events,
-        *,
-        ended: bool = False,
-        retention: float = 0,
-        checkpoint: Checkpoint | None = None,
-    ) -> bool:
-        me = self._me
-        size = sum(len(data) for _, data in events)
-        last = events[-1][0] if events else None
-        expires = self.options.clock() + retention if ended else None
+    async def _write(self, batch: Batch) -> bool:
+        me, response_id, checkpoint = self._me, batch.response_id, batch.checkpoint
 
-        def append(conn: sqlite3.Connection) -> bool:
+        def write(conn: sqlite3.Connection) -> bool:
             updated = conn.execute(
                 f"""UPDATE antwort_runs SET last_seq = coalesce(?, last_seq), log_bytes = log_bytes + ?,
                     ended = ?, expires_at = ? WHERE {_HELD} RETURNING truncated""",
-                (last, size, int(ended), expires, response_id, me),
+                (batch.last, batch.size, int(batch.ended), batch.expires_at, response_id, me),
             ).fetchone()
             if updated is None:
                 return False
@@ -74,14 +48,11 @@ class SQLiteRunLog:
             if not updated[0]:
                 conn.executemany(
                     "INSERT OR IGNORE INTO antwort_events (response_id, seq, event) VALUES (?, ?, ?)",
-                    [(response_id, seq, data) for seq, data in events],
+                    [(response_id, seq, data) for seq, data in batch.events],
                 )
             return True
 
-        held = await self.writer.run(append)
-        if held:
-            self.watchers.tell(response_id)
-        return held
+        return bool(await self.writer.run(write))
 
     async def truncate(self, response_id: str) -> None:
         def truncate(conn: sqlite3.Connection) -> None:
@@ -153,8 +124,9 @@ class SQLiteRunLog:
                     "SELECT event FROM antwort_events WHERE response_id = ? AND seq > ? ORDER BY seq",
                     (key, seq if response is not None else 0),
                 ).fetchall()
-                reason = HANDED_OVER if handed else REPLICA_LOST
-                claims.append(Claim(key, owner, bytes(request), checkpoint, last, reason, [bytes(t[0]) for t in tail]))
+                claims.append(
+                    Claim(key, owner, bytes(request), checkpoint, last, bool(handed), [bytes(t[0]) for t in tail])
+                )
             return claims
 
         return await self.writer.run(claim)
@@ -162,12 +134,6 @@ class SQLiteRunLog:
     async def next_expiry(self) -> float | None:
         # Another instance's runs are claimed at once (its process ended): no lease to wait for.
         return None
-
-    def watch(self, response_id: str, callback: Callable[[], None]) -> Callable[[], None]:
-        return self.watchers.add(response_id, callback)
-
-    def on_handover(self, callback: Callable[[], None]) -> Callable[[], None]:
-        return self.watchers.add_handover(callback)
 
     async def remember(self, owner: str, key: str, digest: str, response_id: str, ttl: float) -> Remembered | None:
         now = self.options.clock()
