@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -186,18 +188,25 @@ async def _ask_async(args: argparse.Namespace, sessions: list[Session]) -> int:
     items = _ask_items(args)
     if args.background or args.idempotency_key:
         return await _ask_durable(args, connection, items, sessions)
+    async with _session(args, connection, sessions) as session:
+        request = session.request(items, args.previous)
+        if (text := _text_format(args.json_schema)) is not None:
+            request.text.CopyFrom(text)
+        response = await session.run(request)
+        _hint(session, args.tools)
+    return exit_code(response)
+
+
+@contextlib.asynccontextmanager
+async def _session(args: argparse.Namespace, connection: Connection, sessions: list[Session]) -> AsyncIterator[Session]:
+    """A Converse session with the gateway, kept in `sessions` (Ctrl-C ends its renderer's line)."""
     async with connection.channel() as channel:
         stub = pb.ResponsesServiceStub(channel)
         async with Session(
             stub, _options(args, connection.metadata), connection.target, unreachable=connection.unreachable
         ) as session:
             sessions.append(session)
-            request = session.request(items, args.previous)
-            if (text := _text_format(args.json_schema)) is not None:
-                request.text.CopyFrom(text)
-            response = await session.run(request)
-            _hint(session, args.tools)
-    return exit_code(response)
+            yield session
 
 
 def _hint(session: Session, tools: str | None) -> None:
@@ -264,27 +273,15 @@ def _created_or_final(event: pb.StreamEvent) -> pb.Response:
 
 
 async def _attach_async(args: argparse.Namespace, sessions: list[Session]) -> int:
-    connection = connection_from(args)
-    async with connection.channel() as channel:
-        stub = pb.ResponsesServiceStub(channel)
-        async with Session(
-            stub, _options(args, connection.metadata), connection.target, unreachable=connection.unreachable
-        ) as session:
-            sessions.append(session)
-            response = await session.attach(args.response_id, args.after)
-            _hint(session, None)  # its tools are the response's own
+    async with _session(args, connection_from(args), sessions) as session:
+        response = await session.attach(args.response_id, args.after)
+        _hint(session, None)  # its tools are the response's own
     return exit_code(response)
 
 
 async def _chat_async(args: argparse.Namespace, sessions: list[Session]) -> int:
-    connection = connection_from(args)
-    async with connection.channel() as channel:
-        stub = pb.ResponsesServiceStub(channel)
-        async with Session(
-            stub, _options(args, connection.metadata), connection.target, unreachable=connection.unreachable
-        ) as session:
-            sessions.append(session)
-            return await chat(session, args.previous)
+    async with _session(args, connection_from(args), sessions) as session:
+        return await chat(session, args.previous)
 
 
 def _interruptible(run: Any, args: argparse.Namespace) -> int:
