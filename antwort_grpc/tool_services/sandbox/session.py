@@ -10,7 +10,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 # At most this many rounds of killing what is left: a process may fork between the scan that
@@ -70,18 +70,18 @@ def _kill_member(pid: int, session: int) -> bool:
     except ProcessLookupError:
         return False
     except OSError:  # no pidfd_open (kernel before 5.3, or a seccomp profile without it)
-        stat = read_stat(pid)
-        if stat is None or stat.session != session:
-            return False
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-        return True
+        return _kill_if_in(session, pid, lambda: os.kill(pid, signal.SIGKILL))
     try:
-        stat = read_stat(pid)
-        if stat is None or stat.session != session:
-            return False
-        with contextlib.suppress(OSError):
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        return True
+        return _kill_if_in(session, pid, lambda: signal.pidfd_send_signal(pidfd, signal.SIGKILL))
     finally:
         os.close(pidfd)
+
+
+def _kill_if_in(session: int, pid: int, kill: Callable[[], None]) -> bool:
+    """`kill` `pid` if it is still a member of `session` (its end is not waited for); whether it was."""
+    stat = read_stat(pid)
+    if stat is None or stat.session != session:
+        return False
+    with contextlib.suppress(OSError):
+        kill()
+    return True
