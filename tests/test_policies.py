@@ -3,6 +3,8 @@ the status state machine."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from antwort_grpc import pb
@@ -69,6 +71,15 @@ def call(name: str, call_id: str = "") -> pb.FunctionCall:
 KNOWN = frozenset({"srv", "cli", "other"})
 
 
+def plan_turn(*, server_side: frozenset[str], **screen: Any) -> object:
+    """Where a turn goes when no call needs approval, as the engine decides it: its calls screened
+    (engine/turn.py), then routed to executors or the client (engine/tool_turn.py)."""
+    screened = policy.screen_turn(**screen)
+    if isinstance(screened, policy.Screened):
+        return policy.route_calls(screened.accepted, screened.rejected, server_side)
+    return screened
+
+
 @pytest.mark.parametrize(
     ("case", "finish", "calls", "choice", "loop", "expected"),
     [
@@ -112,7 +123,7 @@ def test_plan_turn(
     loop: bool,
     expected: object,
 ) -> None:
-    outcome = policy.plan_turn(
+    outcome = plan_turn(
         finish=finish, calls=calls, choice=choice, loop_enabled=loop, server_side=frozenset({"srv"}), known=KNOWN
     )
     assert outcome == expected, case
@@ -120,7 +131,7 @@ def test_plan_turn(
 
 def test_plan_turn_rejects_calls_outside_allowed_tools_for_both_kinds() -> None:
     allowed = pb.ToolChoice(allowed_tools=pb.AllowedTools(tool_names=["other"]))
-    outcome = policy.plan_turn(
+    outcome = plan_turn(
         finish=FinishReason.TOOL_CALLS,
         calls=[call("srv"), call("cli")],
         choice=allowed,

@@ -12,8 +12,6 @@ from antwort_grpc import pb
 from antwort_grpc.engine.outcomes import Completed, ExecuteTools, Incomplete, RequiresAction
 from antwort_grpc.providers.base import FinishReason
 
-Planned = Completed | ExecuteTools | RequiresAction | Incomplete
-
 Mode = pb.ToolChoiceMode
 
 
@@ -140,22 +138,3 @@ def route_calls(
     if client:
         return RequiresAction(client, list(rejected))
     return ExecuteTools(list(accepted), list(rejected))
-
-
-def plan_turn(
-    *,
-    finish: FinishReason,
-    calls: Sequence[pb.FunctionCall],
-    choice: pb.ToolChoice | None,
-    loop_enabled: bool,
-    server_side: frozenset[str] | Mapping[str, object],
-    known: frozenset[str] | Mapping[str, object],
-) -> Planned:
-    """Where the response goes after a turn's inference (when no call needs approval).
-
-    `server_side` holds the tool names a server-side executor runs; every other known tool is
-    client-executed."""
-    screened = screen_turn(finish=finish, calls=calls, choice=choice, loop_enabled=loop_enabled, known=known)
-    if isinstance(screened, Screened):
-        return route_calls(screened.accepted, screened.rejected, server_side)
-    return screened
