@@ -62,15 +62,9 @@ class _OpenMessage:
 
 
 @dataclass(slots=True)
-class _OpenReasoning:
-    item: pb.Item
-    index: int
-    item_id: str
-    fragments: list[str] = field(default_factory=list)
+class _OpenItem:
+    """A reasoning item or a function call receiving deltas (of its text, of its arguments)."""
 
-
-@dataclass(slots=True)
-class _OpenCall:
     item: pb.Item
     index: int
     item_id: str
@@ -85,8 +79,8 @@ class ResponseEmitter:
         self.response = response
         self._seq = 0
         self._message: _OpenMessage | None = None
-        self._reasoning: _OpenReasoning | None = None
-        self._calls: dict[int, _OpenCall] = {}
+        self._reasoning: _OpenItem | None = None
+        self._calls: dict[int, _OpenItem] = {}
         # Items finished in the current turn, in output order: what the loop looks at.
         self.turn_items: list[pb.Item] = []
         # The lifecycle events made last (at most two) and their serialized form, until their
@@ -292,9 +286,9 @@ class ResponseEmitter:
                 msg.part_index, msg.part_kind = part, content.WhichOneof("part") or "output_text"
                 msg.fragments = [content.refusal.refusal if msg.part_kind == "refusal" else content.output_text.text]
         elif which == "reasoning":
-            self._reasoning = _OpenReasoning(item, index, item.id, [item.reasoning.text])
+            self._reasoning = _OpenItem(item, index, item.id, [item.reasoning.text])
         elif which == "function_call":
-            self._calls[index] = _OpenCall(item, index, item.id, [item.function_call.arguments])
+            self._calls[index] = _OpenItem(item, index, item.id, [item.function_call.arguments])
         else:
             return False
         return True
@@ -377,7 +371,7 @@ class ResponseEmitter:
         if r is None:
             item, index = self._open("rs")
             item.reasoning.SetInParent()
-            r = self._reasoning = _OpenReasoning(item, index, item.id)
+            r = self._reasoning = _OpenItem(item, index, item.id)
             events.append(self._item_event("output_item_added", index, item))
         r.fragments.append(text)
         event = pb.StreamEvent(sequence_number=self._next())
@@ -397,7 +391,7 @@ class ResponseEmitter:
             item, out_index = self._open("fc")
             item.function_call.call_id = call_id or new_id("call")
             item.function_call.name = name or ""
-            call = self._calls[index] = _OpenCall(item, out_index, item.id)
+            call = self._calls[index] = _OpenItem(item, out_index, item.id)
             events.append(self._item_event("output_item_added", out_index, item))
         elif name and not call.item.function_call.name:
             call.item.function_call.name = name
