@@ -15,17 +15,48 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from google.protobuf import struct_pb2
 
 # The JSON text kept, in characters: a few thousand typical schemas, or 500 at the size limit.
 CACHE_CHARS = 32 * 1024 * 1024
 
-_cache: OrderedDict[bytes, str] = OrderedDict()
-_cached_chars = 0
-# Requests are checked and bodies built in worker threads too.
-_lock = threading.Lock()
+V = TypeVar("V")
+
+
+class DigestCache(Generic[V]):
+    """What was made of Structs, by the `digest` of each, for every thread (requests are checked
+    and bodies built in worker threads too): past `limit`, counted by `size` of each value, the
+    least recently used go."""
+
+    def __init__(self, limit: int, size: Callable[[V], int]) -> None:
+        self.limit = limit
+        self._size = size
+        self._values: OrderedDict[bytes, V] = OrderedDict()
+        self._total = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: bytes) -> V | None:
+        with self._lock:
+            found = self._values.get(key)
+            if found is not None:
+                self._values.move_to_end(key)
+            return found
+
+    def put(self, key: bytes, value: V) -> None:
+        """Keep `value` unless one is kept already (two threads made it at once)."""
+        with self._lock:
+            if key in self._values:
+                return
+            self._values[key] = value
+            self._total += self._size(value)
+            while self._total > self.limit and self._values:
+                self._total -= self._size(self._values.popitem(last=False)[1])
+
+
+_texts: DigestCache[str] = DigestCache(CACHE_CHARS, len)
 
 
 def struct_to_dict(struct: struct_pb2.Struct) -> dict[str, Any]:
@@ -61,26 +92,16 @@ def struct_json(struct: struct_pb2.Struct, key: bytes | None = None) -> str:
     caller has it. ValueError for a NaN or infinite number."""
     if key is None:
         key = digest(struct.SerializeToString(deterministic=True))
-    with _lock:
-        text = _cache.get(key)
-        if text is not None:
-            _cache.move_to_end(key)
-            return text
-    text = json.dumps(struct_to_dict(struct))
-    remember(key, text)
+    text = _texts.get(key)
+    if text is None:
+        text = json.dumps(struct_to_dict(struct))
+        _texts.put(key, text)
     return text
 
 
 def remember(key: bytes, text: str) -> None:
     """Keep `text` as the JSON of the Struct whose digest is `key` (a caller that converted it)."""
-    global _cached_chars
-    with _lock:
-        if key in _cache:
-            return
-        _cache[key] = text
-        _cached_chars += len(text)
-        while _cached_chars > CACHE_CHARS and _cache:
-            _cached_chars -= len(_cache.popitem(last=False)[1])
+    _texts.put(key, text)
 
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')

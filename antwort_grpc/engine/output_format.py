@@ -11,8 +11,6 @@ or a response that ends with calls, is not checked.
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,13 +20,12 @@ from google.protobuf import struct_pb2
 from antwort_grpc import pb
 from antwort_grpc.engine.outcomes import Completed, Failed, FinalOutcome
 from antwort_grpc.errors import shorten
-from antwort_grpc.structs import digest, integral, struct_to_dict
+from antwort_grpc.structs import DigestCache, digest, integral, struct_to_dict
 
 MISMATCH = "output_format_mismatch"
 # Compiled schemas kept (clients send the same few with every request).
 CACHE_SIZE = 256
-_cache: OrderedDict[bytes, Any] = OrderedDict()
-_lock = threading.Lock()
+_validators: DigestCache[Any] = DigestCache(CACHE_SIZE, lambda _: 1)
 
 
 def compile_schema(schema: dict[str, Any]) -> Any:
@@ -42,16 +39,10 @@ def compile_schema(schema: dict[str, Any]) -> Any:
 
 def _validator(schema: struct_pb2.Struct) -> Any:
     key = digest(schema.SerializeToString(deterministic=True))
-    with _lock:
-        found = _cache.get(key)
-        if found is not None:
-            _cache.move_to_end(key)
-            return found
-    validator = compile_schema(integral(struct_to_dict(schema)))
-    with _lock:
-        _cache[key] = validator
-        while len(_cache) > CACHE_SIZE:
-            _cache.popitem(last=False)
+    validator = _validators.get(key)
+    if validator is None:
+        validator = compile_schema(integral(struct_to_dict(schema)))
+        _validators.put(key, validator)
     return validator
 
 
