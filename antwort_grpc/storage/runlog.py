@@ -248,7 +248,7 @@ class StoreRunLog(ABC):
     def __init__(self, options: StoreOptions, watchers: Watchers | None = None) -> None:
         self.options = options
         # Whom to tell of appends and handovers here (the memory store's are its database's).
-        self.watchers = watchers or Watchers()
+        self.watchers = watchers if watchers is not None else Watchers()
 
     @property
     def _me(self) -> str:
