@@ -79,21 +79,10 @@ STATUS_NAMES = {
     S.RESPONSE_STATUS_CANCELLED: "cancelled",
 }
 
-# Accepted and not acted on: they change nothing the gateway does (docs/http.md, "Differences").
-IGNORED = frozenset(
-    {
-        "include",
-        "stream_options",
-        "presence_penalty",
-        "frequency_penalty",
-        "top_logprobs",
-        "service_tier",
-        "safety_identifier",
-        "prompt_cache_key",
-        "user",
-        "reasoning",
-    }
-)
+# Hints, accepted and not acted on: what they ask is the server's to decide (a processing tier, an
+# end user's identifier for abuse detection, the obfuscation of streamed deltas). Every other
+# parameter is acted on or refused by name (docs/http.md, "Differences").
+IGNORED = frozenset({"stream_options", "service_tier", "safety_identifier", "user"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +207,42 @@ def _text(request: pb.CreateResponseRequest, value: object) -> None:
         fail("text.format.type", f"unknown text format {str(kind)[:64]!r}: text, json_schema, json_object")
 
 
+def _reasoning_config(request: pb.CreateResponseRequest, value: object) -> None:
+    entry = obj(value, "reasoning")
+    effort = entry.get("effort")
+    if effort is not None:
+        request.reasoning.effort = string(effort, "reasoning.effort")
+    for name in ("summary", "generate_summary"):
+        if entry.get(name) is not None:
+            fail(f"reasoning.{name}", "not supported: the backends behind this gateway give no reasoning summaries")
+    unknown = set(entry) - {"effort", "summary", "generate_summary"}
+    if unknown:
+        fail(f"reasoning.{sorted(unknown)[0]}", "unknown parameter")
+
+
+def _prompt_cache_key(request: pb.CreateResponseRequest, value: object) -> None:
+    request.prompt_cache_key = string(value, "prompt_cache_key")
+
+
+def _presence_penalty(request: pb.CreateResponseRequest, value: object) -> None:
+    request.presence_penalty = number(value, "presence_penalty")
+
+
+def _frequency_penalty(request: pb.CreateResponseRequest, value: object) -> None:
+    request.frequency_penalty = number(value, "frequency_penalty")
+
+
+def _top_logprobs(request: pb.CreateResponseRequest, value: object) -> None:
+    if integer(value, "top_logprobs") != 0:
+        fail("top_logprobs", "not supported: the gateway returns no log probabilities (0 or null only)")
+
+
+def _include(request: pb.CreateResponseRequest, value: object) -> None:
+    for n, entry in enumerate(array(value, "include")):
+        wanted = string(entry, f"include[{n}]")
+        fail(f"include[{n}]", f"{wanted[:64]!r} is not supported: the gateway adds nothing to its output on request")
+
+
 def _checked_only(
     param: str, check: Callable[[object, str], object]
 ) -> Callable[[pb.CreateResponseRequest, object], None]:
@@ -243,6 +268,12 @@ _FIELDS: dict[str, Callable[[pb.CreateResponseRequest, object], None]] = {
     "store": _store,
     "truncation": _truncation,
     "text": _text,
+    "reasoning": _reasoning_config,
+    "prompt_cache_key": _prompt_cache_key,
+    "presence_penalty": _presence_penalty,
+    "frequency_penalty": _frequency_penalty,
+    "top_logprobs": _top_logprobs,
+    "include": _include,
     # Read by create_request itself; checked here so a wrong type is named.
     "stream": _checked_only("stream", boolean),
     "background": _checked_only("background", boolean),
@@ -646,8 +677,8 @@ def usage_json(usage: pb.Usage) -> JSON:
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
         "total_tokens": usage.total_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "input_tokens_details": {"cached_tokens": usage.cached_input_tokens},
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
     }
 
 
@@ -697,20 +728,27 @@ def response_json(response: pb.Response, background: bool = False) -> JSON:
         "parallel_tool_calls": response.parallel_tool_calls,
         "text": text_json(response.text) if response.HasField("text") else PLAIN_TEXT,
         "top_p": response.top_p if response.HasField("top_p") else 1.0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
-        "top_logprobs": 0,
+        **_passed_through_json(response),
         "temperature": response.temperature if response.HasField("temperature") else 1.0,
-        "reasoning": None,
         "usage": usage_json(response.usage) if response.HasField("usage") else None,
         "max_output_tokens": response.max_output_tokens if response.HasField("max_output_tokens") else None,
-        "max_tool_calls": None,
         "store": response.store,
         "background": background,
         "service_tier": "default",
         "metadata": dict(response.metadata),
         "safety_identifier": None,
-        "prompt_cache_key": None,
+    }
+
+
+def _passed_through_json(response: pb.Response) -> JSON:
+    """The settings passed to the backend as they are, and the tool-call limit, echoed."""
+    return {
+        "presence_penalty": response.presence_penalty if response.HasField("presence_penalty") else 0.0,
+        "frequency_penalty": response.frequency_penalty if response.HasField("frequency_penalty") else 0.0,
+        "top_logprobs": 0,
+        "reasoning": {"effort": response.reasoning.effort, "summary": None} if response.reasoning.effort else None,
+        "max_tool_calls": response.max_tool_calls if response.HasField("max_tool_calls") else None,
+        "prompt_cache_key": response.prompt_cache_key or None,
     }
 
 

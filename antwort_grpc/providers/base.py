@@ -40,6 +40,11 @@ class TurnRequest:
     top_p: float | None = None
     # The form the answer's text must take (json_schema or json_object); None: plain text.
     text_format: pb.TextFormat | None = None
+    # Passed through as the request asked ("" / None: not asked).
+    reasoning_effort: str = ""
+    prompt_cache_key: str = ""
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     # Streaming: deltas of one part that are already waiting may be passed on as one
     # (providers/coalesce.py); `max_hold` seconds a delta may wait for more of its part.
     coalesce: bool = True

@@ -62,7 +62,24 @@ def validate_create(
     if request.background and request.HasField("store") and not request.store:
         v.append(FieldViolation("background", "a background response is stored: it needs store (true or unset)"))
     _check_metadata(request, limits, v)
+    _check_passed_through(request, v)
     return v
+
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+PROMPT_CACHE_KEY_MAX = 256
+
+
+def _check_passed_through(request: pb.CreateResponseRequest, v: list[FieldViolation]) -> None:
+    """What goes to the backend as it is: values the backend would refuse, refused here first."""
+    effort = request.reasoning.effort
+    if effort and effort not in REASONING_EFFORTS:
+        v.append(FieldViolation("reasoning.effort", f"one of {', '.join(REASONING_EFFORTS)}"))
+    if len(request.prompt_cache_key) > PROMPT_CACHE_KEY_MAX:
+        v.append(FieldViolation("prompt_cache_key", f"at most {PROMPT_CACHE_KEY_MAX} characters"))
+    for name in ("presence_penalty", "frequency_penalty"):
+        if request.HasField(name) and not -2.0 <= getattr(request, name) <= 2.0:
+            v.append(FieldViolation(name, "must be between -2 and 2"))
 
 
 def _check_metadata(request: pb.CreateResponseRequest, limits: Limits, v: list[FieldViolation]) -> None:

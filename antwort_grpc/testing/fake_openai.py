@@ -324,13 +324,22 @@ def _finish_reason(reply: Reply) -> str:
     return "tool_calls" if reply.tool_calls else "stop"
 
 
-def _usage(reply: Reply) -> dict[str, int]:
+def _usage(reply: Reply) -> dict[str, Any]:
     completion = reply.completion_tokens
     if completion is None:
         completion = len(split_words(reply.text)) + len(split_words(reply.reasoning))
         completion += sum(len(split_fragments(c.arguments, c.fragments)) for c in reply.tool_calls)
     total = reply.prompt_tokens + completion
-    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": completion, "total_tokens": total}
+    usage: dict[str, Any] = {
+        "prompt_tokens": reply.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": total,
+    }
+    if reply.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens}
+    if reply.reasoning_tokens is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reply.reasoning_tokens}
+    return usage
 
 
 def _error(

@@ -45,10 +45,21 @@ class ChunkChoice(msgspec.Struct, frozen=True):
     finish_reason: str | None = None
 
 
+class PromptDetails(msgspec.Struct, frozen=True):
+    cached_tokens: int | None = None
+
+
+class CompletionDetails(msgspec.Struct, frozen=True):
+    reasoning_tokens: int | None = None
+
+
 class Usage(msgspec.Struct, frozen=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int | None = None
+    # OpenAI's and vLLM's breakdowns (null or absent where the backend does not report them).
+    prompt_tokens_details: PromptDetails | None = None
+    completion_tokens_details: CompletionDetails | None = None
 
 
 class ErrorBody(msgspec.Struct, frozen=True):

@@ -40,7 +40,12 @@ def usage(wire: AnyUsage | None) -> pb.Usage | None:
     if wire is None:
         return None
     total = wire.total_tokens if wire.total_tokens is not None else wire.prompt_tokens + wire.completion_tokens
-    return pb.Usage(input_tokens=wire.prompt_tokens, output_tokens=wire.completion_tokens, total_tokens=total)
+    found = pb.Usage(input_tokens=wire.prompt_tokens, output_tokens=wire.completion_tokens, total_tokens=total)
+    if wire.prompt_tokens_details is not None:
+        found.cached_input_tokens = wire.prompt_tokens_details.cached_tokens or 0
+    if wire.completion_tokens_details is not None:
+        found.reasoning_tokens = wire.completion_tokens_details.reasoning_tokens or 0
+    return found
 
 
 def new_call_id() -> str:

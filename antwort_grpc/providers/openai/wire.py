@@ -46,10 +46,21 @@ class ChunkChoice(_Wire):
     finish_reason: str | None = None
 
 
+class PromptDetails(_Wire):
+    cached_tokens: int | None = None
+
+
+class CompletionDetails(_Wire):
+    reasoning_tokens: int | None = None
+
+
 class Usage(_Wire):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int | None = None
+    # OpenAI's and vLLM's breakdowns (null or absent where the backend does not report them).
+    prompt_tokens_details: PromptDetails | None = None
+    completion_tokens_details: CompletionDetails | None = None
 
 
 class ErrorBody(_Wire):
