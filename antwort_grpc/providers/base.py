@@ -126,6 +126,7 @@ class Capabilities:
     # The model names it serves; None: any name (the backend decides).
     models: frozenset[str] | None = None
     calls_tools: bool = True
+    reads_images: bool = True
     # Who it is and what to do instead, for the error message.
     name: str = "the model backend"
     instead: str = ""

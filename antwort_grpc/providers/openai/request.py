@@ -112,12 +112,16 @@ def build_messages(instructions: str, items: Iterable[pb.Item]) -> list[ChatMess
     messages: list[ChatMessage] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
+    calls: set[str] = set()
     for item in items:
         kind = item.WhichOneof("kind")
         if kind == "message":
             messages.append(_message(item.message))
         elif kind == "function_call":
-            _append_tool_call(messages, item.function_call)
+            # A call handed out again after its approval is one call (the model made it once).
+            if item.function_call.call_id not in calls:
+                calls.add(item.function_call.call_id)
+                _append_tool_call(messages, item.function_call)
         elif kind == "function_call_output":
             output = item.function_call_output
             messages.append({"role": "tool", "tool_call_id": output.call_id, "content": output.output})
