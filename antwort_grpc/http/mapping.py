@@ -869,13 +869,14 @@ SPEC_EVENTS: dict[str, Callable[[Any], JSON]] = {
     "reasoning_text_delta": _reasoning_event("response.reasoning.delta", "delta"),
     "reasoning_text_done": _reasoning_event("response.reasoning.done", "text"),
 }
-# Our events beyond the spec are sent as `antwort.<case>` to a client that asks for them.
-EXTENSION_PREFIX = "antwort."
+# Our events beyond the spec are sent as `antwort:<case>` (the spec: extension event types are
+# prefixed with the implementor's slug and a colon) to a client that asks for them.
+EXTENSION_PREFIX = "antwort:"
 
 
 def event_json(event: pb.StreamEvent, extended: bool = False, background: bool = False) -> JSON | None:
     """A stream event as the spec's event object; None for an event of ours the client did not ask
-    for (`extended`: every event, ours as `antwort.<name>` with the payload's protobuf JSON;
+    for (`extended`: every event, ours as `antwort:<name>` with the payload's protobuf JSON;
     `background`: the response in it was created in background)."""
     kind = event.WhichOneof("event")
     if kind is None:
