@@ -52,7 +52,7 @@ _PARAM_RULES = [
     (re.compile(r"^tool_choice\.(mode|allowed_tools)$"), "tool_choice"),
     (
         re.compile(
-            r"\.(message|function_call_output|function_call|function|mcp|input_image|input_text|output_text"
+            r"\.(message|function_call_output|function_call|function|mcp|input_image|input_file|input_text|output_text"
             r"|item_reference|json_schema)(?=\.|\[|$)"
         ),
         "",

@@ -342,11 +342,43 @@ def part_from_json(value: object, param: str) -> pb.ContentPart:
         detail = entry.get("detail")
         if detail is not None:
             part.input_image.detail = one_of(detail, f"{param}.detail", DETAILS)
-    elif kind in ("input_file", "input_video", "input_audio"):
-        fail(f"{param}.type", f"{kind!r} content is not supported: text and images only")
+    elif kind == "input_file":
+        _input_file(part, entry, param)
+    elif kind in ("input_video", "input_audio"):
+        fail(f"{param}.type", f"{kind!r} content is not supported: text, images and files only")
     else:
-        fail(f"{param}.type", f"unknown content type {str(kind)[:64]!r}: input_text, input_image, output_text, refusal")
+        fail(
+            f"{param}.type",
+            f"unknown content type {str(kind)[:64]!r}: input_text, input_image, input_file, output_text, refusal",
+        )
     return part
+
+
+def _input_file(part: pb.ContentPart, entry: JSON, param: str) -> None:
+    """A file sent inline: `file_data` a base64 data URL (or bare base64) with its `filename`. The
+    core reads it as text (responses/files.py)."""
+    for by_reference in ("file_id", "file_url"):
+        if entry.get(by_reference) is not None:
+            fail(
+                f"{param}.{by_reference}",
+                "not supported: the gateway keeps no files; send the file inline as file_data "
+                "(a base64 data URL) with its filename",
+            )
+    data = string(entry.get("file_data"), f"{param}.file_data")
+    media_type = ""
+    if data.startswith("data:"):
+        head, _, data = data.partition(",")
+        if not head.endswith(";base64"):
+            fail(f"{param}.file_data", "a data URL with base64 content: data:<media type>;base64,<data>")
+        media_type = head[len("data:") : -len(";base64")]
+    try:
+        decoded = base64.b64decode(data, validate=True)
+    except ValueError:
+        fail(f"{param}.file_data", "not base64")
+    file = part.input_file
+    file.filename = string(entry.get("filename"), f"{param}.filename")
+    file.file_data = decoded
+    file.media_type = media_type
 
 
 def _function_call(item: pb.Item, entry: JSON, param: str) -> None:

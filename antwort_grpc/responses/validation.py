@@ -281,8 +281,15 @@ def _schema_problems(tools: Sequence[pb.Tool], limits: Limits, in_worker: bool) 
 
 
 def check_item(item: pb.Item, at: str, v: list[FieldViolation]) -> None:
-    """The checks of one input item, for other inputs that carry items (controls)."""
+    """The checks of one input item, for other inputs that carry items (controls). Files are read
+    when a response is created (responses/files.py), not mid-run."""
     _check_item(item, at, v)
+    if item.WhichOneof("kind") == "message":
+        for m, part in enumerate(item.message.content):
+            if part.WhichOneof("part") == "input_file":
+                v.append(
+                    FieldViolation(f"{at}.message.content[{m}]", "files are taken when a response is created only")
+                )
 
 
 # -- policy fields: execution limits, tool timeouts, failure mode, truncation ----------------------
