@@ -169,7 +169,13 @@ async def test_a_bad_reasoning_effort_is_invalid_argument_over_grpc() -> None:
 
 
 async def test_the_specs_hints_are_accepted() -> None:
-    hints = {"service_tier": "auto", "safety_identifier": "u-1", "user": "u-1", "top_logprobs": 0, "include": []}
+    hints = {
+        "service_tier": "auto",
+        "safety_identifier": "u-1",
+        "user": "u-1",
+        "top_logprobs": 0,
+        "include": ["reasoning.encrypted_content", "message.input_image.image_url"],
+    }
     async with doors(Reply(text="ok")) as (running, _):
         status, body = await post(running, {"model": MODEL, "input": "hi", **hints})
     assert status == 200 and body["status"] == "completed", body

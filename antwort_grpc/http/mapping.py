@@ -237,10 +237,16 @@ def _top_logprobs(request: pb.CreateResponseRequest, value: object) -> None:
         fail("top_logprobs", "not supported: the gateway returns no log probabilities (0 or null only)")
 
 
+# What `include` may ask that every response has already: reasoning items that can be sent back
+# as they are (their text, not encrypted), and input images' URLs.
+INCLUDED_ALWAYS = frozenset({"reasoning.encrypted_content", "message.input_image.image_url"})
+
+
 def _include(request: pb.CreateResponseRequest, value: object) -> None:
     for n, entry in enumerate(array(value, "include")):
         wanted = string(entry, f"include[{n}]")
-        fail(f"include[{n}]", f"{wanted[:64]!r} is not supported: the gateway adds nothing to its output on request")
+        if wanted not in INCLUDED_ALWAYS:
+            fail(f"include[{n}]", f"{wanted[:64]!r} is not supported: the gateway adds nothing more on request")
 
 
 def _checked_only(
