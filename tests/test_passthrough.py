@@ -145,8 +145,8 @@ async def test_parallel_tool_calls_false_gives_at_most_one_call_a_turn_over_both
     [
         ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),
         ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
-        ({"top_logprobs": 3}, "top_logprobs"),
-        ({"include": ["message.output_text.logprobs"]}, "include[0]"),
+        ({"top_logprobs": 21}, "top_logprobs"),
+        ({"include": ["file_search_call.results"]}, "include[0]"),
         ({"prompt_cache_key": "k" * 300}, "prompt_cache_key"),
         ({"presence_penalty": 3}, "presence_penalty"),
     ],
@@ -179,3 +179,38 @@ async def test_the_specs_hints_are_accepted() -> None:
     async with doors(Reply(text="ok")) as (running, _):
         status, body = await post(running, {"model": MODEL, "input": "hi", **hints})
     assert status == 200 and body["status"] == "completed", body
+
+
+LOGPROBS = {"include": ["message.output_text.logprobs"], "top_logprobs": 2}
+
+
+async def test_logprobs_reach_the_backend_and_come_back_in_the_text_and_its_deltas_over_both_doors() -> None:
+    replies = [Reply(text="Hello there", logprobs=True) for _ in range(3)]
+    async with doors(*replies) as (running, fake):
+        status, body = await post(running, {"model": MODEL, "input": "hi", **LOGPROBS})
+        events = await post_streamed(running, {"model": MODEL, "input": "hi", **LOGPROBS})
+        response = await running.grpc.create(
+            pb.CreateResponseRequest(input_text="hi", output_logprobs=True, top_logprobs=1)
+        )
+    assert status == 200, body
+    assert body["top_logprobs"] == 2
+    for part in (body["output"][0]["content"][0], events[-1]["response"]["output"][0]["content"][0]):
+        assert [entry["token"] for entry in part["logprobs"]] == ["Hello ", "there"]
+        assert part["logprobs"][0]["logprob"] == -0.5 and part["logprobs"][0]["bytes"] == list(b"Hello ")
+        assert [top["token"] for top in part["logprobs"][0]["top_logprobs"]] == ["Hello ", "x"]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert [entry["token"] for e in deltas for entry in e["logprobs"]] == ["Hello ", "there"]
+    for event in events:
+        assert_event_schema(event)
+    assert_schema(body)
+    logged = response.output[0].message.content[0].output_text.logprobs
+    assert [entry.token for entry in logged] == ["Hello ", "there"]
+    sent = fake.chat_requests
+    assert [(s.get("logprobs"), s.get("top_logprobs")) for s in sent] == [(True, 2), (True, 2), (True, 1)]
+
+
+async def test_no_logprobs_are_asked_for_unless_the_request_does() -> None:
+    async with doors(Reply(text="Hello there", logprobs=True)) as (running, fake):
+        status, body = await post(running, {"model": MODEL, "input": "hi"})
+    assert status == 200 and body["output"][0]["content"][0]["logprobs"] == []
+    assert "logprobs" not in fake.chat_requests[0] and "top_logprobs" not in fake.chat_requests[0]

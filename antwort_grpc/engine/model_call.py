@@ -147,6 +147,7 @@ def turn_request(run: Run, turn: int, context: Sequence[pb.Item] | None = None) 
         prompt_cache_key=request.prompt_cache_key,
         presence_penalty=request.presence_penalty if request.HasField("presence_penalty") else None,
         frequency_penalty=request.frequency_penalty if request.HasField("frequency_penalty") else None,
+        top_logprobs=request.top_logprobs if request.output_logprobs else None,
         coalesce=not request.delta_coalescing.disabled,
         max_hold=max_hold_of(request),
     )
@@ -211,7 +212,7 @@ async def stream_turn(
             first = False
             kind = type(delta)
             if kind is TextDelta:
-                events = emitter.on_text(delta.text)
+                events = emitter.on_text(delta.text, logprobs=delta.logprobs)
             elif kind is TurnEnd:
                 ended = True
                 for event in _closed(emitter, delta):

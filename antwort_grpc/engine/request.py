@@ -91,5 +91,7 @@ def _echo_passed_through(request: pb.CreateResponseRequest, response: pb.Respons
         response.presence_penalty = request.presence_penalty
     if request.HasField("frequency_penalty"):
         response.frequency_penalty = request.frequency_penalty
+    if request.HasField("top_logprobs"):
+        response.top_logprobs = request.top_logprobs
     if request.limits.HasField("max_tool_calls"):
         response.max_tool_calls = request.limits.max_tool_calls

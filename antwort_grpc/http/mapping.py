@@ -233,19 +233,23 @@ def _frequency_penalty(request: pb.CreateResponseRequest, value: object) -> None
 
 
 def _top_logprobs(request: pb.CreateResponseRequest, value: object) -> None:
-    if integer(value, "top_logprobs") != 0:
-        fail("top_logprobs", "not supported: the gateway returns no log probabilities (0 or null only)")
+    request.top_logprobs = integer(value, "top_logprobs")
+    if request.top_logprobs > 0:
+        request.output_logprobs = True  # alternatives are asked for with the tokens' own
 
 
 # What `include` may ask that every response has already: reasoning items that can be sent back
 # as they are (their text, not encrypted), and input images' URLs.
 INCLUDED_ALWAYS = frozenset({"reasoning.encrypted_content", "message.input_image.image_url"})
+LOGPROBS = "message.output_text.logprobs"
 
 
 def _include(request: pb.CreateResponseRequest, value: object) -> None:
     for n, entry in enumerate(array(value, "include")):
         wanted = string(entry, f"include[{n}]")
-        if wanted not in INCLUDED_ALWAYS:
+        if wanted == LOGPROBS:
+            request.output_logprobs = True
+        elif wanted not in INCLUDED_ALWAYS:
             fail(f"include[{n}]", f"{wanted[:64]!r} is not supported: the gateway adds nothing more on request")
 
 
@@ -544,7 +548,8 @@ def tool_choice_from_json(value: object, param: str) -> pb.ToolChoice:
 def part_json(part: pb.ContentPart) -> JSON:
     kind = part.WhichOneof("part")
     if kind == "output_text":
-        return {"type": "output_text", "text": part.output_text.text, "annotations": [], "logprobs": []}
+        text = part.output_text
+        return {"type": "output_text", "text": text.text, "annotations": [], "logprobs": logprobs_json(text.logprobs)}
     if kind == "input_text":
         return {"type": "input_text", "text": part.input_text.text}
     if kind == "refusal":
@@ -553,6 +558,21 @@ def part_json(part: pb.ContentPart) -> JSON:
         image = part.input_image
         return {"type": "input_image", "image_url": image.image_url, "detail": DETAIL_NAMES.get(image.detail, "auto")}
     return {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+
+
+def logprobs_json(logprobs: Any) -> list[JSON]:
+    """Tokens' log probabilities as the spec's LogProb objects."""
+    return [
+        {
+            "token": entry.token,
+            "logprob": entry.logprob,
+            "bytes": list(entry.bytes),
+            "top_logprobs": [
+                {"token": top.token, "logprob": top.logprob, "bytes": list(top.bytes)} for top in entry.top_logprobs
+            ],
+        }
+        for entry in logprobs
+    ]
 
 
 def item_json(item: pb.Item) -> JSON:
@@ -783,7 +803,7 @@ def _passed_through_json(response: pb.Response) -> JSON:
     return {
         "presence_penalty": response.presence_penalty if response.HasField("presence_penalty") else 0.0,
         "frequency_penalty": response.frequency_penalty if response.HasField("frequency_penalty") else 0.0,
-        "top_logprobs": 0,
+        "top_logprobs": response.top_logprobs if response.HasField("top_logprobs") else 0,
         "reasoning": {"effort": response.reasoning.effort, "summary": None} if response.reasoning.effort else None,
         "max_tool_calls": response.max_tool_calls if response.HasField("max_tool_calls") else None,
         "prompt_cache_key": response.prompt_cache_key or None,
@@ -861,7 +881,7 @@ def _text_event(name: str, field: str, logprobs: bool = False, content_index: bo
         key = "delta" if field == "delta" else field
         body[key] = getattr(payload, field)
         if logprobs:
-            body["logprobs"] = []
+            body["logprobs"] = logprobs_json(getattr(payload, "logprobs", ()))
         return body
 
     return render

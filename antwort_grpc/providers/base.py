@@ -45,6 +45,8 @@ class TurnRequest:
     prompt_cache_key: str = ""
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    # Log probabilities of the output tokens, with this many alternatives (None: not asked).
+    top_logprobs: int | None = None
     # Streaming: deltas of one part that are already waiting may be passed on as one
     # (providers/coalesce.py); `max_hold` seconds a delta may wait for more of its part.
     coalesce: bool = True
@@ -54,6 +56,8 @@ class TurnRequest:
 @dataclass(frozen=True, slots=True)
 class TextDelta:
     text: str
+    # The text's tokens' log probabilities, when asked for and given.
+    logprobs: tuple[pb.TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

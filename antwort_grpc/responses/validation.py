@@ -77,6 +77,8 @@ def _check_passed_through(request: pb.CreateResponseRequest, v: list[FieldViolat
         v.append(FieldViolation("reasoning.effort", f"one of {', '.join(REASONING_EFFORTS)}"))
     if len(request.prompt_cache_key) > PROMPT_CACHE_KEY_MAX:
         v.append(FieldViolation("prompt_cache_key", f"at most {PROMPT_CACHE_KEY_MAX} characters"))
+    if request.HasField("top_logprobs") and not 0 <= request.top_logprobs <= 20:
+        v.append(FieldViolation("top_logprobs", "must be between 0 and 20"))
     for name in ("presence_penalty", "frequency_penalty"):
         if request.HasField(name) and not -2.0 <= getattr(request, name) <= 2.0:
             v.append(FieldViolation(name, "must be between -2 and 2"))

@@ -106,6 +106,10 @@ def _pass_through(turn: TurnRequest, body: dict[str, Any]) -> None:
         body["presence_penalty"] = turn.presence_penalty
     if turn.frequency_penalty is not None:
         body["frequency_penalty"] = turn.frequency_penalty
+    if turn.top_logprobs is not None:
+        body["logprobs"] = True
+        if turn.top_logprobs:
+            body["top_logprobs"] = turn.top_logprobs
 
 
 def build_messages(instructions: str, items: Iterable[pb.Item]) -> list[ChatMessage]:

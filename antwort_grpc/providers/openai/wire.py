@@ -40,10 +40,28 @@ class Delta(_Said):
     tool_calls: list[ToolCallFragment] | None = None
 
 
+class TopLogprob(_Wire):
+    token: str = ""
+    logprob: float = 0.0
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(_Wire):
+    token: str = ""
+    logprob: float = 0.0
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] | None = None
+
+
+class ChoiceLogprobs(_Wire):
+    content: list[TokenLogprob] | None = None
+
+
 class ChunkChoice(_Wire):
     index: int = 0
     delta: Delta | None = None
     finish_reason: str | None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class PromptDetails(_Wire):
@@ -94,6 +112,7 @@ class Choice(_Wire):
     index: int = 0
     message: Message
     finish_reason: str | None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(_Wire):
