@@ -15,6 +15,7 @@ import aiohttp
 from antwort_grpc import pb
 from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
 from antwort_grpc.storage.memory import MemoryStore
+from antwort_grpc.storage.options import StoreOptions
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply
 from tests.harness import collect
 from tests.http_harness import Doors, assert_event_schema, running_doors, sse_events
@@ -80,6 +81,29 @@ async def test_starting_after_counts_in_the_clients_numbering_whichever_events_i
     assert numbers(whole) == list(range(1, len(whole) + 1))
     assert numbers(whole_extended) == list(range(1, len(whole_extended) + 1))
     assert whole[-1]["type"] == "response.completed"
+
+
+async def test_another_replica_numbers_the_events_the_same_way() -> None:
+    async with FakeOpenAI(Reply(text=WORDS)) as fake:
+        provider = OpenAICompatProvider(BackendConfig(base_url=fake.url, model=MODEL, max_retries=0))
+        first = MemoryStore(StoreOptions(instance_id="a"))
+        second = MemoryStore(StoreOptions(instance_id="b"), first.database)
+        try:
+            async with (
+                running_doors(provider=provider, store=first, model=MODEL) as a,
+                running_doors(provider=provider, store=second, model=MODEL) as b,
+            ):
+                request = pb.CreateResponseRequest(model=MODEL, input_text="Count.", background=True)
+                created = await collect(a.grpc.stub.CreateResponse(request))
+                url = f"/v1/responses/{created[0].created.response.id}?stream=true"
+                on_a = await read(a, url)  # to the end
+                on_a_extended = await read(a, url, ALL)
+                on_b = await read(b, f"{url}&starting_after=4")
+                on_b_extended = await read(b, f"{url}&starting_after=4", ALL)
+        finally:
+            await provider.aclose()
+    assert on_b == on_a[4:] and on_b_extended == on_a_extended[4:]
+    assert on_b[-1]["type"] == "response.completed"
 
 
 async def test_error_types_are_the_specs() -> None:
