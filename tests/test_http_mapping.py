@@ -248,7 +248,7 @@ def test_every_event_of_the_spec_is_valid_and_ours_are_left_out_unless_asked() -
         assert_event_schema(body)
     ours = pb.StreamEvent(sequence_number=9, turn_started=pb.TurnStartedEvent(turn=1))
     assert event_json(ours) is None
-    assert event_json(ours, extended=True) == {"type": "antwort.turn_started", "turn": 1, "sequence_number": 9}
+    assert event_json(ours, extended=True) == {"type": "antwort:turn_started", "turn": 1, "sequence_number": 9}
 
 
 def test_a_core_field_path_is_named_as_the_json_parameter() -> None:

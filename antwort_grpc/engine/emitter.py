@@ -332,7 +332,9 @@ class ResponseEmitter:
 
     # -- streamed deltas -----------------------------------------------------------------------
 
-    def on_text(self, text: str, kind: str = "output_text") -> list[pb.StreamEvent]:
+    def on_text(
+        self, text: str, kind: str = "output_text", logprobs: Sequence[pb.TokenLogprob] = ()
+    ) -> list[pb.StreamEvent]:
         events: list[pb.StreamEvent] = []
         if self._reasoning is not None:
             events += self._close_reasoning(COMPLETED)
@@ -359,6 +361,9 @@ class ResponseEmitter:
         delta.output_index = msg.index
         delta.content_index = msg.part_index
         delta.delta = text
+        if logprobs:
+            event.output_text_delta.logprobs.extend(logprobs)
+            msg.item.message.content[msg.part_index].output_text.logprobs.extend(logprobs)
         events.append(event)
         return events
 

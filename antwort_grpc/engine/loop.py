@@ -459,11 +459,25 @@ class _Turns(Step[FinalOutcome]):
             yield event
         match tools.result:
             case RequiresAction(calls=calls, approvals=approvals):
+                for event in _hand_out(run, resumed.handoff):
+                    yield event
                 self.end(RequiresAction([*resumed.handoff, *calls], [], approvals))
             case Failed() as failed:
                 self.end(failed)
             case None if resumed.handoff:
+                for event in _hand_out(run, resumed.handoff):
+                    yield event
                 self.end(RequiresAction(resumed.handoff))
+
+
+def _hand_out(run: Run, calls: Sequence[pb.FunctionCall]) -> list[pb.StreamEvent]:
+    """Client calls approved just now, last in this response's output as the calls to run (as a
+    response that pauses for its calls ends, and as OpenAI's API answers): the output alone tells
+    a client what to do, over either door. The same call ids as the calls the model made."""
+    events: list[pb.StreamEvent] = []
+    for call in calls:
+        events += run.emitter.add_item(pb.Item(function_call=call))
+    return events
 
 
 # A request with more tools or items than this has its pieces made in the worker thread.

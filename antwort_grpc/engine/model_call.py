@@ -143,6 +143,11 @@ def turn_request(run: Run, turn: int, context: Sequence[pb.Item] | None = None) 
         temperature=request.temperature if request.HasField("temperature") else None,
         top_p=request.top_p if request.HasField("top_p") else None,
         text_format=structured_format(request) if request.HasField("text") else None,
+        reasoning_effort=request.reasoning.effort,
+        prompt_cache_key=request.prompt_cache_key,
+        presence_penalty=request.presence_penalty if request.HasField("presence_penalty") else None,
+        frequency_penalty=request.frequency_penalty if request.HasField("frequency_penalty") else None,
+        top_logprobs=request.top_logprobs if request.output_logprobs else None,
         coalesce=not request.delta_coalescing.disabled,
         max_hold=max_hold_of(request),
     )
@@ -207,7 +212,7 @@ async def stream_turn(
             first = False
             kind = type(delta)
             if kind is TextDelta:
-                events = emitter.on_text(delta.text)
+                events = emitter.on_text(delta.text, logprobs=delta.logprobs)
             elif kind is TurnEnd:
                 ended = True
                 for event in _closed(emitter, delta):
@@ -263,6 +268,9 @@ def _events_of(run: Run, delta: object) -> list[pb.StreamEvent]:
     kind = type(delta)
     if kind is ToolCallDelta:
         assert isinstance(delta, ToolCallDelta)
+        if delta.index > 0 and not run.response.parallel_tool_calls:
+            # parallel_tool_calls false: the first call of the turn only, whatever the backend sent.
+            return []
         return emitter.on_tool_call(delta.index, delta.call_id, delta.name, delta.arguments)
     if kind is ReasoningDelta:
         return emitter.on_reasoning(delta.text)  # type: ignore[attr-defined]
@@ -277,7 +285,12 @@ def add_completion(run: Run, completion: Completion) -> list[pb.StreamEvent]:
     """A whole turn's items, added to the response."""
     _add_usage(run.response, completion.usage)
     events: list[pb.StreamEvent] = []
+    calls = 0
     for item in completion.items:
+        if item.WhichOneof("kind") == "function_call":
+            calls += 1
+            if calls > 1 and not run.response.parallel_tool_calls:
+                continue  # one call a turn: the backend's others are not the model's answer here
         events += run.emitter.add_item(item)
     return events
 
@@ -289,3 +302,5 @@ def _add_usage(response: pb.Response, usage: pb.Usage | None) -> None:
     total.input_tokens += usage.input_tokens
     total.output_tokens += usage.output_tokens
     total.total_tokens += usage.total_tokens or (usage.input_tokens + usage.output_tokens)
+    total.cached_input_tokens += usage.cached_input_tokens
+    total.reasoning_tokens += usage.reasoning_tokens

@@ -78,4 +78,20 @@ def new_response(
         response.top_p = request.top_p
     if request.HasField("text"):
         response.text.CopyFrom(request.text)
+    _echo_passed_through(request, response)
     return response
+
+
+def _echo_passed_through(request: pb.CreateResponseRequest, response: pb.Response) -> None:
+    """The settings passed to the backend as they are, and the tool-call limit, echoed."""
+    if request.reasoning.effort:
+        response.reasoning.effort = request.reasoning.effort
+    response.prompt_cache_key = request.prompt_cache_key
+    if request.HasField("presence_penalty"):
+        response.presence_penalty = request.presence_penalty
+    if request.HasField("frequency_penalty"):
+        response.frequency_penalty = request.frequency_penalty
+    if request.HasField("top_logprobs"):
+        response.top_logprobs = request.top_logprobs
+    if request.limits.HasField("max_tool_calls"):
+        response.max_tool_calls = request.limits.max_tool_calls

@@ -212,17 +212,26 @@ class Front:
             await sink.event(event, wire)
 
     async def attach(
-        self, call: Call, response_id: str, starting_after: int, sink: Sink, batched: bool = False
+        self,
+        call: Call,
+        response_id: str,
+        starting_after: int,
+        sink: Sink,
+        batched: bool = False,
+        read_from: int | None = None,
     ) -> None:
         """A background response's events after `starting_after`, from its log, to the terminal
-        one. It reads a response that counts already: no slot of the principal's limit."""
+        one. It reads a response that counts already: no slot of the principal's limit.
+        `read_from`: the log is read after this number instead (`starting_after` is still checked
+        against the log), for a door whose sink numbers the events its own way."""
         self._open(call.method)
         async with self.edge.stream(call.method, call.identity, call.metadata, call.door, limited=False) as watch:
             durable = self.durability()
             await durable.attach_check(response_id, call.owner, starting_after)
             guard = self.stalls.guard()
             try:
-                await follow(durable, response_id, call.owner, starting_after, watch, sink, guard, batched)
+                after = starting_after if read_from is None else read_from
+                await follow(durable, response_id, call.owner, after, watch, sink, guard, batched)
             finally:
                 self.stalls.release(guard)
             watch.ended()

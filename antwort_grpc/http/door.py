@@ -279,12 +279,12 @@ class HttpDoor:
 
     async def _attach(self, request: web.Request, response_id: str) -> web.StreamResponse:
         """A background response streamed again: its events after `starting_after`, then the
-        live ones to the terminal event — AttachResponse's reading, the same sequence numbers."""
+        live ones to the terminal event. `starting_after` is in the client's numbering (the
+        EventWriter's): the log is read from its start and counted the same way."""
         starting_after = _query_int(request.query.get("starting_after"), "starting_after")
-        sink = EventWriter(request, _extended(request), None)
-        return await sink.answered(
-            self.front.attach(_call(request, "AttachResponse"), response_id, starting_after, sink)
-        )
+        sink = EventWriter(request, _extended(request), None, skip=starting_after)
+        attach = self.front.attach(_call(request, "AttachResponse"), response_id, starting_after, sink, read_from=0)
+        return await sink.answered(attach)
 
     async def delete(self, request: web.Request) -> web.Response:
         response_id = request.match_info["id"]

@@ -31,7 +31,16 @@ STATUS = {
 }
 # Refusals a retry cannot fix: the thing sent is too large, however long the client waits.
 TOO_LARGE = frozenset({"control_too_large", "response_too_large"})
-TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+# The spec's error types (its table: invalid_request, not_found, too_many_requests, server_error,
+# model_error): every other 4xx is a request the client can fix, so invalid_request; the `code`
+# says which (invalid_api_key, not_in_progress …) and the status says the rest.
+TYPES = {404: "not_found", 429: "too_many_requests"}
+
+
+def error_type(status: int) -> str:
+    """The spec's error type of an answer with `status`."""
+    return TYPES.get(status, "server_error" if status >= 500 else "invalid_request")
+
 
 # Protobuf field paths of the core's violations, and the JSON parameter each names.
 _PARAM_RULES = [
@@ -43,7 +52,7 @@ _PARAM_RULES = [
     (re.compile(r"^tool_choice\.(mode|allowed_tools)$"), "tool_choice"),
     (
         re.compile(
-            r"\.(message|function_call_output|function_call|function|mcp|input_image|input_text|output_text"
+            r"\.(message|function_call_output|function_call|function|mcp|input_image|input_file|input_text|output_text"
             r"|item_reference|json_schema)(?=\.|\[|$)"
         ),
         "",
@@ -73,7 +82,7 @@ def error_json(error: RequestError, status: int | None = None) -> JSON:
         param = param_of(error.violations[0].field) or None
     return {
         "error": {
-            "type": TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error"),
+            "type": error_type(status),
             "code": error.reason or None,
             "message": error.message,
             "param": param,
@@ -83,8 +92,7 @@ def error_json(error: RequestError, status: int | None = None) -> JSON:
 
 def plain_error(status: int, code: str, message: str, param: str | None = None) -> JSON:
     """An error the door itself finds (a body too large, not JSON, an unknown route)."""
-    kind = TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"type": kind, "code": code, "message": message, "param": param}}
+    return {"error": {"type": error_type(status), "code": code, "message": message, "param": param}}
 
 
 class _ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]

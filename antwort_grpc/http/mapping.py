@@ -79,21 +79,10 @@ STATUS_NAMES = {
     S.RESPONSE_STATUS_CANCELLED: "cancelled",
 }
 
-# Accepted and not acted on: they change nothing the gateway does (docs/http.md, "Differences").
-IGNORED = frozenset(
-    {
-        "include",
-        "stream_options",
-        "presence_penalty",
-        "frequency_penalty",
-        "top_logprobs",
-        "service_tier",
-        "safety_identifier",
-        "prompt_cache_key",
-        "user",
-        "reasoning",
-    }
-)
+# Hints, accepted and not acted on: what they ask is the server's to decide (a processing tier, an
+# end user's identifier for abuse detection, the obfuscation of streamed deltas). Every other
+# parameter is acted on or refused by name (docs/http.md, "Differences").
+IGNORED = frozenset({"stream_options", "service_tier", "safety_identifier", "user"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +207,52 @@ def _text(request: pb.CreateResponseRequest, value: object) -> None:
         fail("text.format.type", f"unknown text format {str(kind)[:64]!r}: text, json_schema, json_object")
 
 
+def _reasoning_config(request: pb.CreateResponseRequest, value: object) -> None:
+    entry = obj(value, "reasoning")
+    effort = entry.get("effort")
+    if effort is not None:
+        request.reasoning.effort = string(effort, "reasoning.effort")
+    for name in ("summary", "generate_summary"):
+        if entry.get(name) is not None:
+            fail(f"reasoning.{name}", "not supported: the backends behind this gateway give no reasoning summaries")
+    unknown = set(entry) - {"effort", "summary", "generate_summary"}
+    if unknown:
+        fail(f"reasoning.{sorted(unknown)[0]}", "unknown parameter")
+
+
+def _prompt_cache_key(request: pb.CreateResponseRequest, value: object) -> None:
+    request.prompt_cache_key = string(value, "prompt_cache_key")
+
+
+def _presence_penalty(request: pb.CreateResponseRequest, value: object) -> None:
+    request.presence_penalty = number(value, "presence_penalty")
+
+
+def _frequency_penalty(request: pb.CreateResponseRequest, value: object) -> None:
+    request.frequency_penalty = number(value, "frequency_penalty")
+
+
+def _top_logprobs(request: pb.CreateResponseRequest, value: object) -> None:
+    request.top_logprobs = integer(value, "top_logprobs")
+    if request.top_logprobs > 0:
+        request.output_logprobs = True  # alternatives are asked for with the tokens' own
+
+
+# What `include` may ask that every response has already: reasoning items that can be sent back
+# as they are (their text, not encrypted), and input images' URLs.
+INCLUDED_ALWAYS = frozenset({"reasoning.encrypted_content", "message.input_image.image_url"})
+LOGPROBS = "message.output_text.logprobs"
+
+
+def _include(request: pb.CreateResponseRequest, value: object) -> None:
+    for n, entry in enumerate(array(value, "include")):
+        wanted = string(entry, f"include[{n}]")
+        if wanted == LOGPROBS:
+            request.output_logprobs = True
+        elif wanted not in INCLUDED_ALWAYS:
+            fail(f"include[{n}]", f"{wanted[:64]!r} is not supported: the gateway adds nothing more on request")
+
+
 def _checked_only(
     param: str, check: Callable[[object, str], object]
 ) -> Callable[[pb.CreateResponseRequest, object], None]:
@@ -243,6 +278,12 @@ _FIELDS: dict[str, Callable[[pb.CreateResponseRequest, object], None]] = {
     "store": _store,
     "truncation": _truncation,
     "text": _text,
+    "reasoning": _reasoning_config,
+    "prompt_cache_key": _prompt_cache_key,
+    "presence_penalty": _presence_penalty,
+    "frequency_penalty": _frequency_penalty,
+    "top_logprobs": _top_logprobs,
+    "include": _include,
     # Read by create_request itself; checked here so a wrong type is named.
     "stream": _checked_only("stream", boolean),
     "background": _checked_only("background", boolean),
@@ -311,11 +352,43 @@ def part_from_json(value: object, param: str) -> pb.ContentPart:
         detail = entry.get("detail")
         if detail is not None:
             part.input_image.detail = one_of(detail, f"{param}.detail", DETAILS)
-    elif kind in ("input_file", "input_video", "input_audio"):
-        fail(f"{param}.type", f"{kind!r} content is not supported: text and images only")
+    elif kind == "input_file":
+        _input_file(part, entry, param)
+    elif kind in ("input_video", "input_audio"):
+        fail(f"{param}.type", f"{kind!r} content is not supported: text, images and files only")
     else:
-        fail(f"{param}.type", f"unknown content type {str(kind)[:64]!r}: input_text, input_image, output_text, refusal")
+        fail(
+            f"{param}.type",
+            f"unknown content type {str(kind)[:64]!r}: input_text, input_image, input_file, output_text, refusal",
+        )
     return part
+
+
+def _input_file(part: pb.ContentPart, entry: JSON, param: str) -> None:
+    """A file sent inline: `file_data` a base64 data URL (or bare base64) with its `filename`. The
+    core reads it as text (responses/files.py)."""
+    for by_reference in ("file_id", "file_url"):
+        if entry.get(by_reference) is not None:
+            fail(
+                f"{param}.{by_reference}",
+                "not supported: the gateway keeps no files; send the file inline as file_data "
+                "(a base64 data URL) with its filename",
+            )
+    data = string(entry.get("file_data"), f"{param}.file_data")
+    media_type = ""
+    if data.startswith("data:"):
+        head, _, data = data.partition(",")
+        if not head.endswith(";base64"):
+            fail(f"{param}.file_data", "a data URL with base64 content: data:<media type>;base64,<data>")
+        media_type = head[len("data:") : -len(";base64")]
+    try:
+        decoded = base64.b64decode(data, validate=True)
+    except ValueError:
+        fail(f"{param}.file_data", "not base64")
+    file = part.input_file
+    file.filename = string(entry.get("filename"), f"{param}.filename")
+    file.file_data = decoded
+    file.media_type = media_type
 
 
 def _function_call(item: pb.Item, entry: JSON, param: str) -> None:
@@ -475,7 +548,8 @@ def tool_choice_from_json(value: object, param: str) -> pb.ToolChoice:
 def part_json(part: pb.ContentPart) -> JSON:
     kind = part.WhichOneof("part")
     if kind == "output_text":
-        return {"type": "output_text", "text": part.output_text.text, "annotations": [], "logprobs": []}
+        text = part.output_text
+        return {"type": "output_text", "text": text.text, "annotations": [], "logprobs": logprobs_json(text.logprobs)}
     if kind == "input_text":
         return {"type": "input_text", "text": part.input_text.text}
     if kind == "refusal":
@@ -484,6 +558,21 @@ def part_json(part: pb.ContentPart) -> JSON:
         image = part.input_image
         return {"type": "input_image", "image_url": image.image_url, "detail": DETAIL_NAMES.get(image.detail, "auto")}
     return {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+
+
+def logprobs_json(logprobs: Any) -> list[JSON]:
+    """Tokens' log probabilities as the spec's LogProb objects."""
+    return [
+        {
+            "token": entry.token,
+            "logprob": entry.logprob,
+            "bytes": list(entry.bytes),
+            "top_logprobs": [
+                {"token": top.token, "logprob": top.logprob, "bytes": list(top.bytes)} for top in entry.top_logprobs
+            ],
+        }
+        for entry in logprobs
+    ]
 
 
 def item_json(item: pb.Item) -> JSON:
@@ -646,8 +735,8 @@ def usage_json(usage: pb.Usage) -> JSON:
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
         "total_tokens": usage.total_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "input_tokens_details": {"cached_tokens": usage.cached_input_tokens},
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
     }
 
 
@@ -697,20 +786,27 @@ def response_json(response: pb.Response, background: bool = False) -> JSON:
         "parallel_tool_calls": response.parallel_tool_calls,
         "text": text_json(response.text) if response.HasField("text") else PLAIN_TEXT,
         "top_p": response.top_p if response.HasField("top_p") else 1.0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
-        "top_logprobs": 0,
+        **_passed_through_json(response),
         "temperature": response.temperature if response.HasField("temperature") else 1.0,
-        "reasoning": None,
         "usage": usage_json(response.usage) if response.HasField("usage") else None,
         "max_output_tokens": response.max_output_tokens if response.HasField("max_output_tokens") else None,
-        "max_tool_calls": None,
         "store": response.store,
         "background": background,
         "service_tier": "default",
         "metadata": dict(response.metadata),
         "safety_identifier": None,
-        "prompt_cache_key": None,
+    }
+
+
+def _passed_through_json(response: pb.Response) -> JSON:
+    """The settings passed to the backend as they are, and the tool-call limit, echoed."""
+    return {
+        "presence_penalty": response.presence_penalty if response.HasField("presence_penalty") else 0.0,
+        "frequency_penalty": response.frequency_penalty if response.HasField("frequency_penalty") else 0.0,
+        "top_logprobs": response.top_logprobs if response.HasField("top_logprobs") else 0,
+        "reasoning": {"effort": response.reasoning.effort, "summary": None} if response.reasoning.effort else None,
+        "max_tool_calls": response.max_tool_calls if response.HasField("max_tool_calls") else None,
+        "prompt_cache_key": response.prompt_cache_key or None,
     }
 
 
@@ -785,7 +881,7 @@ def _text_event(name: str, field: str, logprobs: bool = False, content_index: bo
         key = "delta" if field == "delta" else field
         body[key] = getattr(payload, field)
         if logprobs:
-            body["logprobs"] = []
+            body["logprobs"] = logprobs_json(getattr(payload, "logprobs", ()))
         return body
 
     return render
@@ -831,13 +927,14 @@ SPEC_EVENTS: dict[str, Callable[[Any], JSON]] = {
     "reasoning_text_delta": _reasoning_event("response.reasoning.delta", "delta"),
     "reasoning_text_done": _reasoning_event("response.reasoning.done", "text"),
 }
-# Our events beyond the spec are sent as `antwort.<case>` to a client that asks for them.
-EXTENSION_PREFIX = "antwort."
+# Our events beyond the spec are sent as `antwort:<case>` (the spec: extension event types are
+# prefixed with the implementor's slug and a colon) to a client that asks for them.
+EXTENSION_PREFIX = "antwort:"
 
 
 def event_json(event: pb.StreamEvent, extended: bool = False, background: bool = False) -> JSON | None:
     """A stream event as the spec's event object; None for an event of ours the client did not ask
-    for (`extended`: every event, ours as `antwort.<name>` with the payload's protobuf JSON;
+    for (`extended`: every event, ours as `antwort:<name>` with the payload's protobuf JSON;
     `background`: the response in it was created in background)."""
     kind = event.WhichOneof("event")
     if kind is None:

@@ -29,15 +29,24 @@ class Decoded(Protocol):
 
 class EventWriter:
     """The events of one request. `body`: the create they answer (None: an attach, which always
-    streams and always reads a background response)."""
+    streams and always reads a background response).
 
-    def __init__(self, request: web.Request, extended: bool, body: Decoded | None) -> None:
+    Sequence numbers are the client's own: 1, 2, 3 … over the events this stream sends it (the
+    core's events it did not ask for, our extension events, are left out of the count as out of
+    the stream). The numbering depends only on the response's log and on whether the client asked
+    for extension events, so every replica gives an event the same number: an attach reads the
+    log from its start, counts the same way, and sends what comes after `skip` (the client's
+    `starting_after`)."""
+
+    def __init__(self, request: web.Request, extended: bool, body: Decoded | None, skip: int = 0) -> None:
         self.request = request
         self.extended = extended
         self.body = body
+        self.skip = skip
         # The SSE response, once its headers went out.
         self.response: web.StreamResponse | None = None
         self.last: pb.StreamEvent | None = None
+        # The client's number of the last event counted.
         self.number = 0
         # Whether the response in the events was created in background (known once the core has
         # decoded the request: at the first event).
@@ -56,11 +65,15 @@ class EventWriter:
                 self.last = event
                 return
             response = await self._prepare()
-        self.number = event.sequence_number
         await echoed_tools_ready(event)
         body = event_json(event, self.extended, self.background)
-        if body is not None:
-            await response.write(sse(body))
+        if body is None:
+            return
+        self.number += 1
+        if self.number <= self.skip:
+            return  # the client has it already
+        body["sequence_number"] = self.number
+        await response.write(sse(body))
 
     async def batch(self, events: Sequence[pb.StreamEvent], wires: Sequence[bytes]) -> None:
         for event in events:

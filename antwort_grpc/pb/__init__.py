@@ -9,8 +9,8 @@ from antwort_grpc.pb.event_pb2 import TurnDecision, InputKind, StreamEvent, Resp
 from antwort_grpc.pb.hook_pb2 import HookPoint
 from antwort_grpc.pb.hook_service_pb2 import GetHookInfoRequest, GetHookInfoResponse, SessionRequest, HookCaller, HookCall, SessionResponse, HookAnswer, HookContext, BeforeResponseRequest, BeforeResponseResponse, AfterResponseRequest, AfterResponseResponse, ModelCall, BeforeModelRequest, BeforeModelResponse, ModelCallChange, OfferedTools, ModelAnswer, AfterModelRequest, AfterModelResponse, BeforeToolRequest, BeforeToolResponse, AfterToolRequest, AfterToolResponse, ApproveToolRequest, ApproveToolResponse, PauseCheckRequest, PauseCheckResponse
 from antwort_grpc.pb.hook_service_pb2_grpc import HookServiceStub, HookServiceServicer, add_HookServiceServicer_to_server, HookService
-from antwort_grpc.pb.item_pb2 import ItemStatus, Role, ImageDetail, Item, Message, ContentPart, InputText, OutputText, Refusal, InputImage, ItemReference, FunctionCall, FunctionCallOutput, Reasoning, ApprovalRequest, ApprovalResponse
-from antwort_grpc.pb.response_pb2 import ResponseStatus, Truncation, Usage, ResponseError, IncompleteDetails, Response, TextConfig, TextFormat, PlainTextFormat, JsonObjectFormat, JsonSchemaFormat, RunMetrics, ToolMetrics, TurnMetrics
+from antwort_grpc.pb.item_pb2 import ItemStatus, Role, ImageDetail, Item, Message, ContentPart, InputFile, InputText, OutputText, TokenLogprob, TopLogprob, Refusal, InputImage, ItemReference, FunctionCall, FunctionCallOutput, Reasoning, ApprovalRequest, ApprovalResponse
+from antwort_grpc.pb.response_pb2 import ResponseStatus, Truncation, Usage, ResponseError, IncompleteDetails, Response, ReasoningConfig, TextConfig, TextFormat, PlainTextFormat, JsonObjectFormat, JsonSchemaFormat, RunMetrics, ToolMetrics, TurnMetrics
 from antwort_grpc.pb.responses_service_pb2 import ToolFailureMode, ListOrder, CreateResponseRequest, DeltaCoalescing, ExecutionLimits, ItemList, CreateResponseResponse, GetResponseRequest, GetResponseResponse, DeleteResponseRequest, DeleteResponseResponse, CancelResponseRequest, CancelResponseResponse, ListInputItemsRequest, ListInputItemsResponse, ConverseRequest, ConverseResponse, AttachResponseRequest, AttachResponseResponse, ControlResponseRequest, ControlResponseResponse, CompactConversationRequest, CompactConversationResponse
 from antwort_grpc.pb.responses_service_pb2_grpc import ResponsesServiceStub, ResponsesServiceServicer, add_ResponsesServiceServicer_to_server, ResponsesService
 from antwort_grpc.pb.tool_executor_service_pb2 import ToolKind, GetExecutorInfoRequest, GetExecutorInfoResponse, ExecutorTool, CanExecuteRequest, CanExecuteResponse, ExecuteRequest, ExecuteResponse, ToolProgress
@@ -122,8 +122,11 @@ __all__ = [
     "Item",
     "Message",
     "ContentPart",
+    "InputFile",
     "InputText",
     "OutputText",
+    "TokenLogprob",
+    "TopLogprob",
     "Refusal",
     "InputImage",
     "ItemReference",
@@ -138,6 +141,7 @@ __all__ = [
     "ResponseError",
     "IncompleteDetails",
     "Response",
+    "ReasoningConfig",
     "TextConfig",
     "TextFormat",
     "PlainTextFormat",

@@ -157,16 +157,18 @@ class ContentPartDoneEvent(_message.Message):
     def __init__(self, item_id: _Optional[str] = ..., output_index: _Optional[int] = ..., content_index: _Optional[int] = ..., part: _Optional[_Union[_item_pb2.ContentPart, _Mapping]] = ...) -> None: ...
 
 class OutputTextDeltaEvent(_message.Message):
-    __slots__ = ("item_id", "output_index", "content_index", "delta")
+    __slots__ = ("item_id", "output_index", "content_index", "delta", "logprobs")
     ITEM_ID_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_INDEX_FIELD_NUMBER: _ClassVar[int]
     CONTENT_INDEX_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     item_id: str
     output_index: int
     content_index: int
     delta: str
-    def __init__(self, item_id: _Optional[str] = ..., output_index: _Optional[int] = ..., content_index: _Optional[int] = ..., delta: _Optional[str] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[_item_pb2.TokenLogprob]
+    def __init__(self, item_id: _Optional[str] = ..., output_index: _Optional[int] = ..., content_index: _Optional[int] = ..., delta: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[_item_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class OutputTextDoneEvent(_message.Message):
     __slots__ = ("item_id", "output_index", "content_index", "text")

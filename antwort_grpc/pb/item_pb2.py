@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61ntwort/v1/item.proto\x12\nantwort.v1\"\xb2\x03\n\x04Item\x12\n\n\x02id\x18\x01 \x01(\t\x12&\n\x06status\x18\x02 \x01(\x0e\x32\x16.antwort.v1.ItemStatus\x12&\n\x07message\x18\x03 \x01(\x0b\x32\x13.antwort.v1.MessageH\x00\x12\x31\n\rfunction_call\x18\x04 \x01(\x0b\x32\x18.antwort.v1.FunctionCallH\x00\x12>\n\x14\x66unction_call_output\x18\x05 \x01(\x0b\x32\x1e.antwort.v1.FunctionCallOutputH\x00\x12*\n\treasoning\x18\x06 \x01(\x0b\x32\x15.antwort.v1.ReasoningH\x00\x12\x37\n\x10\x61pproval_request\x18\x07 \x01(\x0b\x32\x1b.antwort.v1.ApprovalRequestH\x00\x12\x39\n\x11\x61pproval_response\x18\x08 \x01(\x0b\x32\x1c.antwort.v1.ApprovalResponseH\x00\x12\x33\n\x0eitem_reference\x18\t \x01(\x0b\x32\x19.antwort.v1.ItemReferenceH\x00\x42\x06\n\x04kind\"S\n\x07Message\x12\x1e\n\x04role\x18\x01 \x01(\x0e\x32\x10.antwort.v1.Role\x12(\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x17.antwort.v1.ContentPart\"\xc8\x01\n\x0b\x43ontentPart\x12+\n\ninput_text\x18\x01 \x01(\x0b\x32\x15.antwort.v1.InputTextH\x00\x12-\n\x0boutput_text\x18\x02 \x01(\x0b\x32\x16.antwort.v1.OutputTextH\x00\x12&\n\x07refusal\x18\x03 \x01(\x0b\x32\x13.antwort.v1.RefusalH\x00\x12-\n\x0binput_image\x18\x04 \x01(\x0b\x32\x16.antwort.v1.InputImageH\x00\x42\x06\n\x04part\"\x19\n\tInputText\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x1a\n\nOutputText\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x1a\n\x07Refusal\x12\x0f\n\x07refusal\x18\x01 \x01(\t\"H\n\nInputImage\x12\x11\n\timage_url\x18\x01 \x01(\t\x12\'\n\x06\x64\x65tail\x18\x02 \x01(\x0e\x32\x17.antwort.v1.ImageDetail\"\x1b\n\rItemReference\x12\n\n\x02id\x18\x01 \x01(\t\"@\n\x0c\x46unctionCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"G\n\x12\x46unctionCallOutput\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\"E\n\tReasoning\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07summary\x18\x02 \x01(\t\x12\x19\n\x11\x65ncrypted_content\x18\x03 \x01(\t\"Y\n\x0f\x41pprovalRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\x12\x14\n\x0cserver_label\x18\x04 \x01(\t\"D\n\x10\x41pprovalResponse\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61pprove\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t*}\n\nItemStatus\x12\x1b\n\x17ITEM_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17ITEM_STATUS_IN_PROGRESS\x10\x01\x12\x19\n\x15ITEM_STATUS_COMPLETED\x10\x02\x12\x1a\n\x16ITEM_STATUS_INCOMPLETE\x10\x03*d\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tROLE_USER\x10\x01\x12\x0f\n\x0bROLE_SYSTEM\x10\x02\x12\x12\n\x0eROLE_DEVELOPER\x10\x03\x12\x12\n\x0eROLE_ASSISTANT\x10\x04*o\n\x0bImageDetail\x12\x1c\n\x18IMAGE_DETAIL_UNSPECIFIED\x10\x00\x12\x15\n\x11IMAGE_DETAIL_AUTO\x10\x01\x12\x14\n\x10IMAGE_DETAIL_LOW\x10\x02\x12\x15\n\x11IMAGE_DETAIL_HIGH\x10\x03\x42\x65\n\x14io.github.antwort.v1B\tItemProtoP\x01Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61ntwort/v1/item.proto\x12\nantwort.v1\"\xb2\x03\n\x04Item\x12\n\n\x02id\x18\x01 \x01(\t\x12&\n\x06status\x18\x02 \x01(\x0e\x32\x16.antwort.v1.ItemStatus\x12&\n\x07message\x18\x03 \x01(\x0b\x32\x13.antwort.v1.MessageH\x00\x12\x31\n\rfunction_call\x18\x04 \x01(\x0b\x32\x18.antwort.v1.FunctionCallH\x00\x12>\n\x14\x66unction_call_output\x18\x05 \x01(\x0b\x32\x1e.antwort.v1.FunctionCallOutputH\x00\x12*\n\treasoning\x18\x06 \x01(\x0b\x32\x15.antwort.v1.ReasoningH\x00\x12\x37\n\x10\x61pproval_request\x18\x07 \x01(\x0b\x32\x1b.antwort.v1.ApprovalRequestH\x00\x12\x39\n\x11\x61pproval_response\x18\x08 \x01(\x0b\x32\x1c.antwort.v1.ApprovalResponseH\x00\x12\x33\n\x0eitem_reference\x18\t \x01(\x0b\x32\x19.antwort.v1.ItemReferenceH\x00\x42\x06\n\x04kind\"S\n\x07Message\x12\x1e\n\x04role\x18\x01 \x01(\x0e\x32\x10.antwort.v1.Role\x12(\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x17.antwort.v1.ContentPart\"\xf5\x01\n\x0b\x43ontentPart\x12+\n\ninput_text\x18\x01 \x01(\x0b\x32\x15.antwort.v1.InputTextH\x00\x12-\n\x0boutput_text\x18\x02 \x01(\x0b\x32\x16.antwort.v1.OutputTextH\x00\x12&\n\x07refusal\x18\x03 \x01(\x0b\x32\x13.antwort.v1.RefusalH\x00\x12-\n\x0binput_image\x18\x04 \x01(\x0b\x32\x16.antwort.v1.InputImageH\x00\x12+\n\ninput_file\x18\n \x01(\x0b\x32\x15.antwort.v1.InputFileH\x00\x42\x06\n\x04part\"D\n\tInputFile\x12\x10\n\x08\x66ilename\x18\x01 \x01(\t\x12\x11\n\tfile_data\x18\x02 \x01(\x0c\x12\x12\n\nmedia_type\x18\x03 \x01(\t\"\x19\n\tInputText\x12\x0c\n\x04text\x18\x01 \x01(\t\"F\n\nOutputText\x12\x0c\n\x04text\x18\x01 \x01(\t\x12*\n\x08logprobs\x18\x02 \x03(\x0b\x32\x18.antwort.v1.TokenLogprob\"k\n\x0cTokenLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12\r\n\x05\x62ytes\x18\x03 \x03(\x05\x12,\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x16.antwort.v1.TopLogprob\";\n\nTopLogprob\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12\r\n\x05\x62ytes\x18\x03 \x03(\x05\"\x1a\n\x07Refusal\x12\x0f\n\x07refusal\x18\x01 \x01(\t\"H\n\nInputImage\x12\x11\n\timage_url\x18\x01 \x01(\t\x12\'\n\x06\x64\x65tail\x18\x02 \x01(\x0e\x32\x17.antwort.v1.ImageDetail\"\x1b\n\rItemReference\x12\n\n\x02id\x18\x01 \x01(\t\"@\n\x0c\x46unctionCall\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"G\n\x12\x46unctionCallOutput\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\"E\n\tReasoning\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07summary\x18\x02 \x01(\t\x12\x19\n\x11\x65ncrypted_content\x18\x03 \x01(\t\"Y\n\x0f\x41pprovalRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\x12\x14\n\x0cserver_label\x18\x04 \x01(\t\"D\n\x10\x41pprovalResponse\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61pprove\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t*}\n\nItemStatus\x12\x1b\n\x17ITEM_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17ITEM_STATUS_IN_PROGRESS\x10\x01\x12\x19\n\x15ITEM_STATUS_COMPLETED\x10\x02\x12\x1a\n\x16ITEM_STATUS_INCOMPLETE\x10\x03*d\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tROLE_USER\x10\x01\x12\x0f\n\x0bROLE_SYSTEM\x10\x02\x12\x12\n\x0eROLE_DEVELOPER\x10\x03\x12\x12\n\x0eROLE_ASSISTANT\x10\x04*o\n\x0bImageDetail\x12\x1c\n\x18IMAGE_DETAIL_UNSPECIFIED\x10\x00\x12\x15\n\x11IMAGE_DETAIL_AUTO\x10\x01\x12\x14\n\x10IMAGE_DETAIL_LOW\x10\x02\x12\x15\n\x11IMAGE_DETAIL_HIGH\x10\x03\x42\x65\n\x14io.github.antwort.v1B\tItemProtoP\x01Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,36 +33,42 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'antwort.v1.item_pb2', _glob
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\024io.github.antwort.v1B\tItemProtoP\001Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1'
-  _globals['_ITEMSTATUS']._serialized_start=1319
-  _globals['_ITEMSTATUS']._serialized_end=1444
-  _globals['_ROLE']._serialized_start=1446
-  _globals['_ROLE']._serialized_end=1546
-  _globals['_IMAGEDETAIL']._serialized_start=1548
-  _globals['_IMAGEDETAIL']._serialized_end=1659
+  _globals['_ITEMSTATUS']._serialized_start=1648
+  _globals['_ITEMSTATUS']._serialized_end=1773
+  _globals['_ROLE']._serialized_start=1775
+  _globals['_ROLE']._serialized_end=1875
+  _globals['_IMAGEDETAIL']._serialized_start=1877
+  _globals['_IMAGEDETAIL']._serialized_end=1988
   _globals['_ITEM']._serialized_start=38
   _globals['_ITEM']._serialized_end=472
   _globals['_MESSAGE']._serialized_start=474
   _globals['_MESSAGE']._serialized_end=557
   _globals['_CONTENTPART']._serialized_start=560
-  _globals['_CONTENTPART']._serialized_end=760
-  _globals['_INPUTTEXT']._serialized_start=762
-  _globals['_INPUTTEXT']._serialized_end=787
-  _globals['_OUTPUTTEXT']._serialized_start=789
-  _globals['_OUTPUTTEXT']._serialized_end=815
-  _globals['_REFUSAL']._serialized_start=817
-  _globals['_REFUSAL']._serialized_end=843
-  _globals['_INPUTIMAGE']._serialized_start=845
-  _globals['_INPUTIMAGE']._serialized_end=917
-  _globals['_ITEMREFERENCE']._serialized_start=919
-  _globals['_ITEMREFERENCE']._serialized_end=946
-  _globals['_FUNCTIONCALL']._serialized_start=948
-  _globals['_FUNCTIONCALL']._serialized_end=1012
-  _globals['_FUNCTIONCALLOUTPUT']._serialized_start=1014
-  _globals['_FUNCTIONCALLOUTPUT']._serialized_end=1085
-  _globals['_REASONING']._serialized_start=1087
-  _globals['_REASONING']._serialized_end=1156
-  _globals['_APPROVALREQUEST']._serialized_start=1158
-  _globals['_APPROVALREQUEST']._serialized_end=1247
-  _globals['_APPROVALRESPONSE']._serialized_start=1249
-  _globals['_APPROVALRESPONSE']._serialized_end=1317
+  _globals['_CONTENTPART']._serialized_end=805
+  _globals['_INPUTFILE']._serialized_start=807
+  _globals['_INPUTFILE']._serialized_end=875
+  _globals['_INPUTTEXT']._serialized_start=877
+  _globals['_INPUTTEXT']._serialized_end=902
+  _globals['_OUTPUTTEXT']._serialized_start=904
+  _globals['_OUTPUTTEXT']._serialized_end=974
+  _globals['_TOKENLOGPROB']._serialized_start=976
+  _globals['_TOKENLOGPROB']._serialized_end=1083
+  _globals['_TOPLOGPROB']._serialized_start=1085
+  _globals['_TOPLOGPROB']._serialized_end=1144
+  _globals['_REFUSAL']._serialized_start=1146
+  _globals['_REFUSAL']._serialized_end=1172
+  _globals['_INPUTIMAGE']._serialized_start=1174
+  _globals['_INPUTIMAGE']._serialized_end=1246
+  _globals['_ITEMREFERENCE']._serialized_start=1248
+  _globals['_ITEMREFERENCE']._serialized_end=1275
+  _globals['_FUNCTIONCALL']._serialized_start=1277
+  _globals['_FUNCTIONCALL']._serialized_end=1341
+  _globals['_FUNCTIONCALLOUTPUT']._serialized_start=1343
+  _globals['_FUNCTIONCALLOUTPUT']._serialized_end=1414
+  _globals['_REASONING']._serialized_start=1416
+  _globals['_REASONING']._serialized_end=1485
+  _globals['_APPROVALREQUEST']._serialized_start=1487
+  _globals['_APPROVALREQUEST']._serialized_end=1576
+  _globals['_APPROVALRESPONSE']._serialized_start=1578
+  _globals['_APPROVALRESPONSE']._serialized_end=1646
 # @@protoc_insertion_point(module_scope)

@@ -74,16 +74,28 @@ class Message(_message.Message):
     def __init__(self, role: _Optional[_Union[Role, str]] = ..., content: _Optional[_Iterable[_Union[ContentPart, _Mapping]]] = ...) -> None: ...
 
 class ContentPart(_message.Message):
-    __slots__ = ("input_text", "output_text", "refusal", "input_image")
+    __slots__ = ("input_text", "output_text", "refusal", "input_image", "input_file")
     INPUT_TEXT_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TEXT_FIELD_NUMBER: _ClassVar[int]
     REFUSAL_FIELD_NUMBER: _ClassVar[int]
     INPUT_IMAGE_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FILE_FIELD_NUMBER: _ClassVar[int]
     input_text: InputText
     output_text: OutputText
     refusal: Refusal
     input_image: InputImage
-    def __init__(self, input_text: _Optional[_Union[InputText, _Mapping]] = ..., output_text: _Optional[_Union[OutputText, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ..., input_image: _Optional[_Union[InputImage, _Mapping]] = ...) -> None: ...
+    input_file: InputFile
+    def __init__(self, input_text: _Optional[_Union[InputText, _Mapping]] = ..., output_text: _Optional[_Union[OutputText, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ..., input_image: _Optional[_Union[InputImage, _Mapping]] = ..., input_file: _Optional[_Union[InputFile, _Mapping]] = ...) -> None: ...
+
+class InputFile(_message.Message):
+    __slots__ = ("filename", "file_data", "media_type")
+    FILENAME_FIELD_NUMBER: _ClassVar[int]
+    FILE_DATA_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    filename: str
+    file_data: bytes
+    media_type: str
+    def __init__(self, filename: _Optional[str] = ..., file_data: _Optional[bytes] = ..., media_type: _Optional[str] = ...) -> None: ...
 
 class InputText(_message.Message):
     __slots__ = ("text",)
@@ -92,10 +104,34 @@ class InputText(_message.Message):
     def __init__(self, text: _Optional[str] = ...) -> None: ...
 
 class OutputText(_message.Message):
-    __slots__ = ("text",)
+    __slots__ = ("text", "logprobs")
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     text: str
-    def __init__(self, text: _Optional[str] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, text: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
+
+class TokenLogprob(_message.Message):
+    __slots__ = ("token", "logprob", "bytes", "top_logprobs")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    logprob: float
+    bytes: _containers.RepeatedScalarFieldContainer[int]
+    top_logprobs: _containers.RepeatedCompositeFieldContainer[TopLogprob]
+    def __init__(self, token: _Optional[str] = ..., logprob: _Optional[float] = ..., bytes: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
+
+class TopLogprob(_message.Message):
+    __slots__ = ("token", "logprob", "bytes")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    logprob: float
+    bytes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token: _Optional[str] = ..., logprob: _Optional[float] = ..., bytes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("refusal",)

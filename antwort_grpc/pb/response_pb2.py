@@ -30,7 +30,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61ntwort/v1/response.proto\x12\nantwort.v1\x1a\x15\x61ntwort/v1/item.proto\x1a\x15\x61ntwort/v1/tool.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"J\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x05\x12\x15\n\routput_tokens\x18\x02 \x01(\x05\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x05\".\n\rResponseError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"#\n\x11IncompleteDetails\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x9a\x07\n\x08Response\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12*\n\x06status\x18\x03 \x01(\x0e\x32\x1a.antwort.v1.ResponseStatus\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63ompleted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12 \n\x06output\x18\x06 \x03(\x0b\x32\x10.antwort.v1.Item\x12 \n\x05usage\x18\x07 \x01(\x0b\x32\x11.antwort.v1.Usage\x12(\n\x05\x65rror\x18\x08 \x01(\x0b\x32\x19.antwort.v1.ResponseError\x12\x39\n\x12incomplete_details\x18\t \x01(\x0b\x32\x1d.antwort.v1.IncompleteDetails\x12\x1c\n\x14previous_response_id\x18\n \x01(\t\x12\x14\n\x0cinstructions\x18\x0b \x01(\t\x12\x1f\n\x05tools\x18\x0c \x03(\x0b\x32\x10.antwort.v1.Tool\x12+\n\x0btool_choice\x18\r \x01(\x0b\x32\x16.antwort.v1.ToolChoice\x12\x1b\n\x13parallel_tool_calls\x18\x0e \x01(\x08\x12\x1e\n\x11max_output_tokens\x18\x0f \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x10 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x11 \x01(\x01H\x02\x88\x01\x01\x12\r\n\x05store\x18\x12 \x01(\x08\x12\x34\n\x08metadata\x18\x13 \x03(\x0b\x32\".antwort.v1.Response.MetadataEntry\x12*\n\ntruncation\x18\x14 \x01(\x0e\x32\x16.antwort.v1.Truncation\x12\x15\n\romitted_items\x18\x15 \x01(\x05\x12\'\n\x07metrics\x18\x16 \x01(\x0b\x32\x16.antwort.v1.RunMetrics\x12$\n\x04text\x18\x17 \x01(\x0b\x32\x16.antwort.v1.TextConfig\x12\x17\n\x0f\x63onversation_id\x18( \x01(\t\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x14\n\x12_max_output_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_p\"4\n\nTextConfig\x12&\n\x06\x66ormat\x18\x01 \x01(\x0b\x32\x16.antwort.v1.TextFormat\"\xab\x01\n\nTextFormat\x12+\n\x04text\x18\x01 \x01(\x0b\x32\x1b.antwort.v1.PlainTextFormatH\x00\x12\x33\n\x0bjson_schema\x18\x02 \x01(\x0b\x32\x1c.antwort.v1.JsonSchemaFormatH\x00\x12\x33\n\x0bjson_object\x18\x03 \x01(\x0b\x32\x1c.antwort.v1.JsonObjectFormatH\x00\x42\x06\n\x04kind\"\x11\n\x0fPlainTextFormat\"\x12\n\x10JsonObjectFormat\"~\n\x10JsonSchemaFormat\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\'\n\x06schema\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x13\n\x06strict\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\t\n\x07_strict\"\xaa\x03\n\nRunMetrics\x12\r\n\x05turns\x18\x01 \x01(\x05\x12\x13\n\x0bmodel_calls\x18\x02 \x01(\x05\x12\x12\n\ntool_calls\x18\x03 \x01(\x05\x12\x13\n\x0btool_errors\x18\x04 \x01(\x05\x12\x15\n\rtool_timeouts\x18\x05 \x01(\x05\x12-\n\nmodel_time\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\ttool_time\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\thook_time\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12&\n\x05tools\x18\t \x03(\x0b\x32\x17.antwort.v1.ToolMetrics\x12-\n\x0cturn_metrics\x18\n \x03(\x0b\x32\x17.antwort.v1.TurnMetrics\x12\x12\n\nhook_calls\x18\x0b \x01(\x05\x12\x15\n\rhook_failures\x18\x0c \x01(\x05\x12+\n\x08\x64uration\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\"\xa2\x01\n\x0bToolMetrics\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x63\x61lls\x18\x02 \x01(\x05\x12\x0e\n\x06\x65rrors\x18\x03 \x01(\x05\x12\x10\n\x08timeouts\x18\x04 \x01(\x05\x12\'\n\x04time\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12+\n\x08max_time\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x86\x01\n\x0bTurnMetrics\x12\x0c\n\x04turn\x18\x01 \x01(\x05\x12 \n\x05usage\x18\x02 \x01(\x0b\x32\x11.antwort.v1.Usage\x12-\n\nmodel_time\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10\x61nswered_by_hook\x18\x04 \x01(\x08*\x8d\x02\n\x0eResponseStatus\x12\x1f\n\x1bRESPONSE_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16RESPONSE_STATUS_QUEUED\x10\x01\x12\x1f\n\x1bRESPONSE_STATUS_IN_PROGRESS\x10\x02\x12\x1d\n\x19RESPONSE_STATUS_COMPLETED\x10\x03\x12\x1e\n\x1aRESPONSE_STATUS_INCOMPLETE\x10\x04\x12\x1a\n\x16RESPONSE_STATUS_FAILED\x10\x05\x12\x1d\n\x19RESPONSE_STATUS_CANCELLED\x10\x06\x12#\n\x1fRESPONSE_STATUS_REQUIRES_ACTION\x10\x07*V\n\nTruncation\x12\x1a\n\x16TRUNCATION_UNSPECIFIED\x10\x00\x12\x13\n\x0fTRUNCATION_AUTO\x10\x01\x12\x17\n\x13TRUNCATION_DISABLED\x10\x02\x42i\n\x14io.github.antwort.v1B\rResponseProtoP\x01Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61ntwort/v1/response.proto\x12\nantwort.v1\x1a\x15\x61ntwort/v1/item.proto\x1a\x15\x61ntwort/v1/tool.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x81\x01\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x05\x12\x15\n\routput_tokens\x18\x02 \x01(\x05\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x05\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x04 \x01(\x05\x12\x18\n\x10reasoning_tokens\x18\x05 \x01(\x05\".\n\rResponseError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"#\n\x11IncompleteDetails\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\xaa\t\n\x08Response\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12*\n\x06status\x18\x03 \x01(\x0e\x32\x1a.antwort.v1.ResponseStatus\x12.\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63ompleted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12 \n\x06output\x18\x06 \x03(\x0b\x32\x10.antwort.v1.Item\x12 \n\x05usage\x18\x07 \x01(\x0b\x32\x11.antwort.v1.Usage\x12(\n\x05\x65rror\x18\x08 \x01(\x0b\x32\x19.antwort.v1.ResponseError\x12\x39\n\x12incomplete_details\x18\t \x01(\x0b\x32\x1d.antwort.v1.IncompleteDetails\x12\x1c\n\x14previous_response_id\x18\n \x01(\t\x12\x14\n\x0cinstructions\x18\x0b \x01(\t\x12\x1f\n\x05tools\x18\x0c \x03(\x0b\x32\x10.antwort.v1.Tool\x12+\n\x0btool_choice\x18\r \x01(\x0b\x32\x16.antwort.v1.ToolChoice\x12\x1b\n\x13parallel_tool_calls\x18\x0e \x01(\x08\x12\x1e\n\x11max_output_tokens\x18\x0f \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x10 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x11 \x01(\x01H\x02\x88\x01\x01\x12\r\n\x05store\x18\x12 \x01(\x08\x12\x34\n\x08metadata\x18\x13 \x03(\x0b\x32\".antwort.v1.Response.MetadataEntry\x12*\n\ntruncation\x18\x14 \x01(\x0e\x32\x16.antwort.v1.Truncation\x12\x15\n\romitted_items\x18\x15 \x01(\x05\x12\'\n\x07metrics\x18\x16 \x01(\x0b\x32\x16.antwort.v1.RunMetrics\x12$\n\x04text\x18\x17 \x01(\x0b\x32\x16.antwort.v1.TextConfig\x12\x17\n\x0f\x63onversation_id\x18( \x01(\t\x12.\n\treasoning\x18\x32 \x01(\x0b\x32\x1b.antwort.v1.ReasoningConfig\x12\x18\n\x10prompt_cache_key\x18\x33 \x01(\t\x12\x1d\n\x10presence_penalty\x18\x34 \x01(\x01H\x03\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x35 \x01(\x01H\x04\x88\x01\x01\x12\x1b\n\x0emax_tool_calls\x18\x36 \x01(\x05H\x05\x88\x01\x01\x12\x19\n\x0ctop_logprobs\x18\x37 \x01(\x05H\x06\x88\x01\x01\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x14\n\x12_max_output_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x11\n\x0f_max_tool_callsB\x0f\n\r_top_logprobs\"!\n\x0fReasoningConfig\x12\x0e\n\x06\x65\x66\x66ort\x18\x01 \x01(\t\"4\n\nTextConfig\x12&\n\x06\x66ormat\x18\x01 \x01(\x0b\x32\x16.antwort.v1.TextFormat\"\xab\x01\n\nTextFormat\x12+\n\x04text\x18\x01 \x01(\x0b\x32\x1b.antwort.v1.PlainTextFormatH\x00\x12\x33\n\x0bjson_schema\x18\x02 \x01(\x0b\x32\x1c.antwort.v1.JsonSchemaFormatH\x00\x12\x33\n\x0bjson_object\x18\x03 \x01(\x0b\x32\x1c.antwort.v1.JsonObjectFormatH\x00\x42\x06\n\x04kind\"\x11\n\x0fPlainTextFormat\"\x12\n\x10JsonObjectFormat\"~\n\x10JsonSchemaFormat\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\'\n\x06schema\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x13\n\x06strict\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\t\n\x07_strict\"\xaa\x03\n\nRunMetrics\x12\r\n\x05turns\x18\x01 \x01(\x05\x12\x13\n\x0bmodel_calls\x18\x02 \x01(\x05\x12\x12\n\ntool_calls\x18\x03 \x01(\x05\x12\x13\n\x0btool_errors\x18\x04 \x01(\x05\x12\x15\n\rtool_timeouts\x18\x05 \x01(\x05\x12-\n\nmodel_time\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\ttool_time\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\thook_time\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12&\n\x05tools\x18\t \x03(\x0b\x32\x17.antwort.v1.ToolMetrics\x12-\n\x0cturn_metrics\x18\n \x03(\x0b\x32\x17.antwort.v1.TurnMetrics\x12\x12\n\nhook_calls\x18\x0b \x01(\x05\x12\x15\n\rhook_failures\x18\x0c \x01(\x05\x12+\n\x08\x64uration\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\"\xa2\x01\n\x0bToolMetrics\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x63\x61lls\x18\x02 \x01(\x05\x12\x0e\n\x06\x65rrors\x18\x03 \x01(\x05\x12\x10\n\x08timeouts\x18\x04 \x01(\x05\x12\'\n\x04time\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12+\n\x08max_time\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x86\x01\n\x0bTurnMetrics\x12\x0c\n\x04turn\x18\x01 \x01(\x05\x12 \n\x05usage\x18\x02 \x01(\x0b\x32\x11.antwort.v1.Usage\x12-\n\nmodel_time\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10\x61nswered_by_hook\x18\x04 \x01(\x08*\x8d\x02\n\x0eResponseStatus\x12\x1f\n\x1bRESPONSE_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16RESPONSE_STATUS_QUEUED\x10\x01\x12\x1f\n\x1bRESPONSE_STATUS_IN_PROGRESS\x10\x02\x12\x1d\n\x19RESPONSE_STATUS_COMPLETED\x10\x03\x12\x1e\n\x1aRESPONSE_STATUS_INCOMPLETE\x10\x04\x12\x1a\n\x16RESPONSE_STATUS_FAILED\x10\x05\x12\x1d\n\x19RESPONSE_STATUS_CANCELLED\x10\x06\x12#\n\x1fRESPONSE_STATUS_REQUIRES_ACTION\x10\x07*V\n\nTruncation\x12\x1a\n\x16TRUNCATION_UNSPECIFIED\x10\x00\x12\x13\n\x0fTRUNCATION_AUTO\x10\x01\x12\x17\n\x13TRUNCATION_DISABLED\x10\x02\x42i\n\x14io.github.antwort.v1B\rResponseProtoP\x01Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,34 +40,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._serialized_options = b'\n\024io.github.antwort.v1B\rResponseProtoP\001Z@github.com/antwort-grpc/antwort-grpc/gen/go/antwort/v1;antwortv1'
   _globals['_RESPONSE_METADATAENTRY']._loaded_options = None
   _globals['_RESPONSE_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_RESPONSESTATUS']._serialized_start=2395
-  _globals['_RESPONSESTATUS']._serialized_end=2664
-  _globals['_TRUNCATION']._serialized_start=2666
-  _globals['_TRUNCATION']._serialized_end=2752
-  _globals['_USAGE']._serialized_start=182
-  _globals['_USAGE']._serialized_end=256
-  _globals['_RESPONSEERROR']._serialized_start=258
-  _globals['_RESPONSEERROR']._serialized_end=304
-  _globals['_INCOMPLETEDETAILS']._serialized_start=306
-  _globals['_INCOMPLETEDETAILS']._serialized_end=341
-  _globals['_RESPONSE']._serialized_start=344
-  _globals['_RESPONSE']._serialized_end=1266
-  _globals['_RESPONSE_METADATAENTRY']._serialized_start=1171
-  _globals['_RESPONSE_METADATAENTRY']._serialized_end=1218
-  _globals['_TEXTCONFIG']._serialized_start=1268
-  _globals['_TEXTCONFIG']._serialized_end=1320
-  _globals['_TEXTFORMAT']._serialized_start=1323
-  _globals['_TEXTFORMAT']._serialized_end=1494
-  _globals['_PLAINTEXTFORMAT']._serialized_start=1496
-  _globals['_PLAINTEXTFORMAT']._serialized_end=1513
-  _globals['_JSONOBJECTFORMAT']._serialized_start=1515
-  _globals['_JSONOBJECTFORMAT']._serialized_end=1533
-  _globals['_JSONSCHEMAFORMAT']._serialized_start=1535
-  _globals['_JSONSCHEMAFORMAT']._serialized_end=1661
-  _globals['_RUNMETRICS']._serialized_start=1664
-  _globals['_RUNMETRICS']._serialized_end=2090
-  _globals['_TOOLMETRICS']._serialized_start=2093
-  _globals['_TOOLMETRICS']._serialized_end=2255
-  _globals['_TURNMETRICS']._serialized_start=2258
-  _globals['_TURNMETRICS']._serialized_end=2392
+  _globals['_RESPONSESTATUS']._serialized_start=2758
+  _globals['_RESPONSESTATUS']._serialized_end=3027
+  _globals['_TRUNCATION']._serialized_start=3029
+  _globals['_TRUNCATION']._serialized_end=3115
+  _globals['_USAGE']._serialized_start=183
+  _globals['_USAGE']._serialized_end=312
+  _globals['_RESPONSEERROR']._serialized_start=314
+  _globals['_RESPONSEERROR']._serialized_end=360
+  _globals['_INCOMPLETEDETAILS']._serialized_start=362
+  _globals['_INCOMPLETEDETAILS']._serialized_end=397
+  _globals['_RESPONSE']._serialized_start=400
+  _globals['_RESPONSE']._serialized_end=1594
+  _globals['_RESPONSE_METADATAENTRY']._serialized_start=1420
+  _globals['_RESPONSE_METADATAENTRY']._serialized_end=1467
+  _globals['_REASONINGCONFIG']._serialized_start=1596
+  _globals['_REASONINGCONFIG']._serialized_end=1629
+  _globals['_TEXTCONFIG']._serialized_start=1631
+  _globals['_TEXTCONFIG']._serialized_end=1683
+  _globals['_TEXTFORMAT']._serialized_start=1686
+  _globals['_TEXTFORMAT']._serialized_end=1857
+  _globals['_PLAINTEXTFORMAT']._serialized_start=1859
+  _globals['_PLAINTEXTFORMAT']._serialized_end=1876
+  _globals['_JSONOBJECTFORMAT']._serialized_start=1878
+  _globals['_JSONOBJECTFORMAT']._serialized_end=1896
+  _globals['_JSONSCHEMAFORMAT']._serialized_start=1898
+  _globals['_JSONSCHEMAFORMAT']._serialized_end=2024
+  _globals['_RUNMETRICS']._serialized_start=2027
+  _globals['_RUNMETRICS']._serialized_end=2453
+  _globals['_TOOLMETRICS']._serialized_start=2456
+  _globals['_TOOLMETRICS']._serialized_end=2618
+  _globals['_TURNMETRICS']._serialized_start=2621
+  _globals['_TURNMETRICS']._serialized_end=2755
 # @@protoc_insertion_point(module_scope)

@@ -44,14 +44,18 @@ TRUNCATION_AUTO: Truncation
 TRUNCATION_DISABLED: Truncation
 
 class Usage(_message.Message):
-    __slots__ = ("input_tokens", "output_tokens", "total_tokens")
+    __slots__ = ("input_tokens", "output_tokens", "total_tokens", "cached_input_tokens", "reasoning_tokens")
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     input_tokens: int
     output_tokens: int
     total_tokens: int
-    def __init__(self, input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
+    cached_input_tokens: int
+    reasoning_tokens: int
+    def __init__(self, input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., cached_input_tokens: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ...) -> None: ...
 
 class ResponseError(_message.Message):
     __slots__ = ("code", "message")
@@ -68,7 +72,7 @@ class IncompleteDetails(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Response(_message.Message):
-    __slots__ = ("id", "model", "status", "created_at", "completed_at", "output", "usage", "error", "incomplete_details", "previous_response_id", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "store", "metadata", "truncation", "omitted_items", "metrics", "text", "conversation_id")
+    __slots__ = ("id", "model", "status", "created_at", "completed_at", "output", "usage", "error", "incomplete_details", "previous_response_id", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "store", "metadata", "truncation", "omitted_items", "metrics", "text", "conversation_id", "reasoning", "prompt_cache_key", "presence_penalty", "frequency_penalty", "max_tool_calls", "top_logprobs")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +104,12 @@ class Response(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_CACHE_KEY_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: str
     status: ResponseStatus
@@ -124,7 +134,19 @@ class Response(_message.Message):
     metrics: RunMetrics
     text: TextConfig
     conversation_id: str
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., status: _Optional[_Union[ResponseStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., output: _Optional[_Iterable[_Union[_item_pb2.Item, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., error: _Optional[_Union[ResponseError, _Mapping]] = ..., incomplete_details: _Optional[_Union[IncompleteDetails, _Mapping]] = ..., previous_response_id: _Optional[str] = ..., instructions: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_tool_pb2.Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_tool_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., max_output_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., store: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., omitted_items: _Optional[int] = ..., metrics: _Optional[_Union[RunMetrics, _Mapping]] = ..., text: _Optional[_Union[TextConfig, _Mapping]] = ..., conversation_id: _Optional[str] = ...) -> None: ...
+    reasoning: ReasoningConfig
+    prompt_cache_key: str
+    presence_penalty: float
+    frequency_penalty: float
+    max_tool_calls: int
+    top_logprobs: int
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., status: _Optional[_Union[ResponseStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., output: _Optional[_Iterable[_Union[_item_pb2.Item, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., error: _Optional[_Union[ResponseError, _Mapping]] = ..., incomplete_details: _Optional[_Union[IncompleteDetails, _Mapping]] = ..., previous_response_id: _Optional[str] = ..., instructions: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_tool_pb2.Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_tool_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., max_output_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., store: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., truncation: _Optional[_Union[Truncation, str]] = ..., omitted_items: _Optional[int] = ..., metrics: _Optional[_Union[RunMetrics, _Mapping]] = ..., text: _Optional[_Union[TextConfig, _Mapping]] = ..., conversation_id: _Optional[str] = ..., reasoning: _Optional[_Union[ReasoningConfig, _Mapping]] = ..., prompt_cache_key: _Optional[str] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., max_tool_calls: _Optional[int] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+
+class ReasoningConfig(_message.Message):
+    __slots__ = ("effort",)
+    EFFORT_FIELD_NUMBER: _ClassVar[int]
+    effort: str
+    def __init__(self, effort: _Optional[str] = ...) -> None: ...
 
 class TextConfig(_message.Message):
     __slots__ = ("format",)

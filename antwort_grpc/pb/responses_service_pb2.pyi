@@ -35,7 +35,7 @@ LIST_ORDER_ASC: ListOrder
 LIST_ORDER_DESC: ListOrder
 
 class CreateResponseRequest(_message.Message):
-    __slots__ = ("model", "input_text", "input_items", "instructions", "previous_response_id", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "store", "stream", "metadata", "truncation", "tool_timeout", "tool_timeouts", "tool_failure_mode", "limits", "delta_coalescing", "background", "batch_events", "text", "conversation_id")
+    __slots__ = ("model", "input_text", "input_items", "instructions", "previous_response_id", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "store", "stream", "metadata", "truncation", "tool_timeout", "tool_timeouts", "tool_failure_mode", "limits", "delta_coalescing", "background", "batch_events", "text", "conversation_id", "reasoning", "prompt_cache_key", "presence_penalty", "frequency_penalty", "output_logprobs", "top_logprobs")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +74,12 @@ class CreateResponseRequest(_message.Message):
     BATCH_EVENTS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_CACHE_KEY_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     model: str
     input_text: str
     input_items: ItemList
@@ -98,7 +104,13 @@ class CreateResponseRequest(_message.Message):
     batch_events: bool
     text: _response_pb2.TextConfig
     conversation_id: str
-    def __init__(self, model: _Optional[str] = ..., input_text: _Optional[str] = ..., input_items: _Optional[_Union[ItemList, _Mapping]] = ..., instructions: _Optional[str] = ..., previous_response_id: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_tool_pb2.Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_tool_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., max_output_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., store: _Optional[bool] = ..., stream: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., truncation: _Optional[_Union[_response_pb2.Truncation, str]] = ..., tool_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tool_timeouts: _Optional[_Mapping[str, _duration_pb2.Duration]] = ..., tool_failure_mode: _Optional[_Union[ToolFailureMode, str]] = ..., limits: _Optional[_Union[ExecutionLimits, _Mapping]] = ..., delta_coalescing: _Optional[_Union[DeltaCoalescing, _Mapping]] = ..., background: _Optional[bool] = ..., batch_events: _Optional[bool] = ..., text: _Optional[_Union[_response_pb2.TextConfig, _Mapping]] = ..., conversation_id: _Optional[str] = ...) -> None: ...
+    reasoning: _response_pb2.ReasoningConfig
+    prompt_cache_key: str
+    presence_penalty: float
+    frequency_penalty: float
+    output_logprobs: bool
+    top_logprobs: int
+    def __init__(self, model: _Optional[str] = ..., input_text: _Optional[str] = ..., input_items: _Optional[_Union[ItemList, _Mapping]] = ..., instructions: _Optional[str] = ..., previous_response_id: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_tool_pb2.Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_tool_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., max_output_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., store: _Optional[bool] = ..., stream: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., truncation: _Optional[_Union[_response_pb2.Truncation, str]] = ..., tool_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., tool_timeouts: _Optional[_Mapping[str, _duration_pb2.Duration]] = ..., tool_failure_mode: _Optional[_Union[ToolFailureMode, str]] = ..., limits: _Optional[_Union[ExecutionLimits, _Mapping]] = ..., delta_coalescing: _Optional[_Union[DeltaCoalescing, _Mapping]] = ..., background: _Optional[bool] = ..., batch_events: _Optional[bool] = ..., text: _Optional[_Union[_response_pb2.TextConfig, _Mapping]] = ..., conversation_id: _Optional[str] = ..., reasoning: _Optional[_Union[_response_pb2.ReasoningConfig, _Mapping]] = ..., prompt_cache_key: _Optional[str] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., output_logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
 
 class DeltaCoalescing(_message.Message):
     __slots__ = ("disabled", "max_hold")

@@ -40,6 +40,13 @@ class TurnRequest:
     top_p: float | None = None
     # The form the answer's text must take (json_schema or json_object); None: plain text.
     text_format: pb.TextFormat | None = None
+    # Passed through as the request asked ("" / None: not asked).
+    reasoning_effort: str = ""
+    prompt_cache_key: str = ""
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    # Log probabilities of the output tokens, with this many alternatives (None: not asked).
+    top_logprobs: int | None = None
     # Streaming: deltas of one part that are already waiting may be passed on as one
     # (providers/coalesce.py); `max_hold` seconds a delta may wait for more of its part.
     coalesce: bool = True
@@ -49,6 +56,8 @@ class TurnRequest:
 @dataclass(frozen=True, slots=True)
 class TextDelta:
     text: str
+    # The text's tokens' log probabilities, when asked for and given.
+    logprobs: tuple[pb.TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +130,7 @@ class Capabilities:
     # The model names it serves; None: any name (the backend decides).
     models: frozenset[str] | None = None
     calls_tools: bool = True
+    reads_images: bool = True
     # Who it is and what to do instead, for the error message.
     name: str = "the model backend"
     instead: str = ""

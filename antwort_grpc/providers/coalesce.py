@@ -70,7 +70,10 @@ def _same_part(head: ProviderEvent, event: ProviderEvent) -> bool:
         assert isinstance(head, ToolCallDelta) and isinstance(event, ToolCallDelta)
         # A fragment that names a call starts that call: it never joins an earlier one.
         return event.index == head.index and event.call_id is None and event.name is None
-    return kind in (TextDelta, ReasoningDelta, RefusalDelta)
+    if kind is TextDelta:
+        # Deltas that carry log probabilities stay apart: each keeps its own tokens'.
+        return not head.logprobs and not event.logprobs  # type: ignore[union-attr]
+    return kind in (ReasoningDelta, RefusalDelta)
 
 
 def _text(event: ProviderEvent) -> str:

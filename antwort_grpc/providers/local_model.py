@@ -157,6 +157,7 @@ class LocalModelProvider:
         self.capabilities = Capabilities(
             models=frozenset({model_name}),
             calls_tools=False,
+            reads_images=False,
             name=f"the embedded local model {model_name!r}",
             instead="another backend (ANTWORT_BACKEND_URL)",
         )

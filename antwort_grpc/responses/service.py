@@ -23,6 +23,7 @@ from antwort_grpc.providers.base import Capabilities
 from antwort_grpc.responses.admission import hook_run
 from antwort_grpc.responses.controls import check_control
 from antwort_grpc.responses.conversations import check_conversation
+from antwort_grpc.responses.files import has_files, read_files
 from antwort_grpc.responses.references import references, resolve_references
 from antwort_grpc.responses.request_limits import DEFAULT_LIMITS, Limits
 from antwort_grpc.responses.servable import check_servable
@@ -76,6 +77,8 @@ class Responses:
         server = self.engine.server_limits
         if request.WhichOneof("input") == "input_items" and (positions := references(request)):
             request = await resolve_references(request, positions, self.store, owner)
+        if has_files(request):
+            request = await read_files(request, self.limits.max_request_bytes)
 
         def problems(replaced: pb.CreateResponseRequest) -> list[str]:
             found = validate_create(replaced, self.limits) + validate_policy(replaced, server)

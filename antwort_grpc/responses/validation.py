@@ -62,7 +62,26 @@ def validate_create(
     if request.background and request.HasField("store") and not request.store:
         v.append(FieldViolation("background", "a background response is stored: it needs store (true or unset)"))
     _check_metadata(request, limits, v)
+    _check_passed_through(request, v)
     return v
+
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+PROMPT_CACHE_KEY_MAX = 256
+
+
+def _check_passed_through(request: pb.CreateResponseRequest, v: list[FieldViolation]) -> None:
+    """What goes to the backend as it is: values the backend would refuse, refused here first."""
+    effort = request.reasoning.effort
+    if effort and effort not in REASONING_EFFORTS:
+        v.append(FieldViolation("reasoning.effort", f"one of {', '.join(REASONING_EFFORTS)}"))
+    if len(request.prompt_cache_key) > PROMPT_CACHE_KEY_MAX:
+        v.append(FieldViolation("prompt_cache_key", f"at most {PROMPT_CACHE_KEY_MAX} characters"))
+    if request.HasField("top_logprobs") and not 0 <= request.top_logprobs <= 20:
+        v.append(FieldViolation("top_logprobs", "must be between 0 and 20"))
+    for name in ("presence_penalty", "frequency_penalty"):
+        if request.HasField(name) and not -2.0 <= getattr(request, name) <= 2.0:
+            v.append(FieldViolation(name, "must be between -2 and 2"))
 
 
 def _check_metadata(request: pb.CreateResponseRequest, limits: Limits, v: list[FieldViolation]) -> None:
@@ -264,8 +283,15 @@ def _schema_problems(tools: Sequence[pb.Tool], limits: Limits, in_worker: bool) 
 
 
 def check_item(item: pb.Item, at: str, v: list[FieldViolation]) -> None:
-    """The checks of one input item, for other inputs that carry items (controls)."""
+    """The checks of one input item, for other inputs that carry items (controls). Files are read
+    when a response is created (responses/files.py), not mid-run."""
     _check_item(item, at, v)
+    if item.WhichOneof("kind") == "message":
+        for m, part in enumerate(item.message.content):
+            if part.WhichOneof("part") == "input_file":
+                v.append(
+                    FieldViolation(f"{at}.message.content[{m}]", "files are taken when a response is created only")
+                )
 
 
 # -- policy fields: execution limits, tool timeouts, failure mode, truncation ----------------------

@@ -218,6 +218,8 @@ class FakeOpenAI:
             if reply.status != 200:
                 message = reply.error_message or f"fake backend error {reply.status}"
                 return _error(reply.status, message, reply.error_code, headers=reply.headers)
+            if reply.logprobs and not body.get("logprobs"):
+                reply = reply.model_copy(update={"logprobs": False})  # as backends do: only when asked
             if not body.get("stream"):
                 if reply.malformed_at is not None:
                     return web.Response(text="{not json", content_type="application/json")
@@ -267,7 +269,8 @@ class FakeOpenAI:
         head["model"] = model
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            logprobs = _logprobs([delta["content"]]) if reply.logprobs and delta.get("content") else None
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             return json.dumps({**head, "choices": [choice]})
 
         if reply.role_chunk:
@@ -308,9 +311,23 @@ class FakeOpenAI:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(reply)}],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": _finish_reason(reply),
+                    "logprobs": _logprobs(split_words(reply.text)) if reply.logprobs else None,
+                }
+            ],
             "usage": _usage(reply),
         }
+
+
+def _logprobs(tokens: list[str]) -> dict[str, Any]:
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    return {"content": [{**entry(t, -0.5), "top_logprobs": [entry(t, -0.5), entry("x", -3.0)]} for t in tokens]}
 
 
 def _include_usage(body: dict[str, Any]) -> bool:
@@ -324,13 +341,22 @@ def _finish_reason(reply: Reply) -> str:
     return "tool_calls" if reply.tool_calls else "stop"
 
 
-def _usage(reply: Reply) -> dict[str, int]:
+def _usage(reply: Reply) -> dict[str, Any]:
     completion = reply.completion_tokens
     if completion is None:
         completion = len(split_words(reply.text)) + len(split_words(reply.reasoning))
         completion += sum(len(split_fragments(c.arguments, c.fragments)) for c in reply.tool_calls)
     total = reply.prompt_tokens + completion
-    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": completion, "total_tokens": total}
+    usage: dict[str, Any] = {
+        "prompt_tokens": reply.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": total,
+    }
+    if reply.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens}
+    if reply.reasoning_tokens is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reply.reasoning_tokens}
+    return usage
 
 
 def _error(

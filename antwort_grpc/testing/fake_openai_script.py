@@ -35,6 +35,12 @@ class Reply(BaseModel):
     prompt_tokens: int = 7
     # Default: the number of text/reasoning deltas plus tool-call fragments.
     completion_tokens: int | None = None
+    # Usage details as OpenAI reports them (prompt_tokens_details, completion_tokens_details).
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    # Each text delta's log probability (-0.5 per token, the token itself, and one alternative),
+    # when the request asks for them (`logprobs`).
+    logprobs: bool = False
     # Errors: a status other than 200 answers with an OpenAI-style error body.
     status: int = 200
     error_message: str = ""

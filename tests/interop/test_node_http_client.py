@@ -1,6 +1,7 @@
-"""The Node example of the HTTP door (examples/node-http; the official OpenAI JS SDK from npm) against
-a real gateway on `make run-tools`'s scripted model: a streamed conversation with a function-tool
-round trip through previous_response_id, then a 404 as the SDK's NotFoundError."""
+"""The Node examples of the HTTP door (examples/node-http; the official OpenAI JS SDK from npm) against
+a real gateway: on `make run-tools`'s scripted model a streamed conversation with a function-tool
+round trip through previous_response_id, then a 404 as the SDK's NotFoundError; on the fake
+OpenAI-compatible backend the SDK's structured-output helper (responses.parse with a zod schema)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from antwort_grpc.executors.base import FunctionExecutor
+from antwort_grpc.providers.openai import BackendConfig, OpenAICompatProvider
 from antwort_grpc.providers.scripted import ScriptedProvider
 from antwort_grpc.storage.memory import MemoryStore
+from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply
 from tests.http_harness import running_doors
 from tests.interop.clients import line, run_client
 
@@ -48,3 +51,22 @@ async def test_the_openai_js_sdk_holds_a_streamed_conversation_with_a_tool_call(
     assert line(lines, "completed:") == 'The tool answered: {"temp":21}'
     assert line(lines, "previous:") == "true"
     assert lines[-1] == "get_missing: 404 NotFoundError"
+
+
+async def test_the_openai_js_sdks_zod_helper_parses_structured_output(node_modules: Path) -> None:
+    answer = '{"city": "Paris", "population": 2100000}'
+    async with FakeOpenAI(Reply(text=answer)) as fake:
+        provider = OpenAICompatProvider(BackendConfig(base_url=fake.url, model="fake-model", max_retries=0))
+        try:
+            async with running_doors(provider=provider, store=MemoryStore(), model="fake-model") as doors:
+                lines = await run_client(["node", str(NODE / "structured.js"), doors.base_url])
+        finally:
+            await provider.aclose()
+    assert line(lines, "status:") == "completed"
+    assert line(lines, "parsed:") == '{"city":"Paris","population":2100000}'
+    assert line(lines, "format:") == "json_schema city"
+    # The zod schema reached the backend as response_format, strict as the helper asks.
+    sent = fake.chat_requests[0]["response_format"]
+    assert sent["type"] == "json_schema" and sent["json_schema"]["name"] == "city"
+    assert sent["json_schema"]["strict"] is True
+    assert set(sent["json_schema"]["schema"]["properties"]) == {"city", "population"}

@@ -39,16 +39,45 @@ class Delta(msgspec.Struct, frozen=True):
     tool_calls: list[ToolCallFragment] | None = None
 
 
+class TopLogprob(msgspec.Struct, frozen=True):
+    token: str = ""
+    logprob: float = 0.0
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(msgspec.Struct, frozen=True):
+    token: str = ""
+    logprob: float = 0.0
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] | None = None
+
+
+class ChoiceLogprobs(msgspec.Struct, frozen=True):
+    content: list[TokenLogprob] | None = None
+
+
 class ChunkChoice(msgspec.Struct, frozen=True):
     index: int = 0
     delta: Delta | None = None
     finish_reason: str | None = None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class PromptDetails(msgspec.Struct, frozen=True):
+    cached_tokens: int | None = None
+
+
+class CompletionDetails(msgspec.Struct, frozen=True):
+    reasoning_tokens: int | None = None
 
 
 class Usage(msgspec.Struct, frozen=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int | None = None
+    # OpenAI's and vLLM's breakdowns (null or absent where the backend does not report them).
+    prompt_tokens_details: PromptDetails | None = None
+    completion_tokens_details: CompletionDetails | None = None
 
 
 class ErrorBody(msgspec.Struct, frozen=True):
@@ -67,6 +96,7 @@ Chunk = ChatCompletionChunk | wire.ChatCompletionChunk
 AnyUsage = Usage | wire.Usage
 AnyErrorBody = ErrorBody | wire.ErrorBody
 AnyToolCallFragment = ToolCallFragment | wire.ToolCallFragment
+AnyLogprobs = ChoiceLogprobs | wire.ChoiceLogprobs
 
 _decoder = msgspec.json.Decoder(ChatCompletionChunk)
 

@@ -24,6 +24,16 @@ _CONTEXT_MARKERS = (
     "too many tokens",
 )
 
+# How backends say the model reads no images: llama.cpp's server (a 500 that no retry changes),
+# vLLM's and Ollama's wording.
+_IMAGE_MARKERS = (
+    "image input is not supported",
+    "not a multimodal model",
+    "does not support image",
+    "does not support multimodal",
+    "images are not supported",
+)
+
 # Statuses worth another try: the backend is overloaded, restarting or behind a flaky proxy.
 RETRY_STATUSES = frozenset({408, 500, 502, 503, 504})
 
@@ -55,6 +65,10 @@ def status_error(status: int, body: bytes, *, model: str, url: str) -> ProviderE
         )
     if status == 404:
         return ProviderError("model_not_found", f"the model backend at {url} does not serve model {model!r} ({detail})")
+    if status in (400, 422, 500) and _marked(body, _IMAGE_MARKERS):
+        return ProviderError(
+            "image_unsupported", f"the model reads no images, and the request's input holds one: {detail}"
+        )
     if status == 429:
         return ProviderError("rate_limited", f"the model backend is rate limiting: {detail}", retryable=True)
     if status in RETRY_STATUSES:
@@ -86,8 +100,12 @@ def structured_refusal(failure: ProviderError) -> ProviderError:
 
 
 def _context_too_long(body: bytes) -> bool:
+    return _marked(body, _CONTEXT_MARKERS)
+
+
+def _marked(body: bytes, markers: tuple[str, ...]) -> bool:
     text = body[:2000].decode("utf-8", "replace").lower()
-    return any(marker in text for marker in _CONTEXT_MARKERS)
+    return any(marker in text for marker in markers)
 
 
 def retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:

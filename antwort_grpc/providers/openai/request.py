@@ -88,22 +88,44 @@ def build_body(turn: TurnRequest, *, stream: bool, model: str | None = None, too
         body["top_p"] = turn.top_p
     if turn.text_format is not None:
         body["response_format"] = response_format(turn.text_format)
+    _pass_through(turn, body)
     if stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     return body
 
 
+def _pass_through(turn: TurnRequest, body: dict[str, Any]) -> None:
+    """What the request asked of the backend as it is (each one only when asked: a backend that
+    does not know a parameter may refuse it)."""
+    if turn.reasoning_effort:
+        body["reasoning_effort"] = turn.reasoning_effort
+    if turn.prompt_cache_key:
+        body["prompt_cache_key"] = turn.prompt_cache_key
+    if turn.presence_penalty is not None:
+        body["presence_penalty"] = turn.presence_penalty
+    if turn.frequency_penalty is not None:
+        body["frequency_penalty"] = turn.frequency_penalty
+    if turn.top_logprobs is not None:
+        body["logprobs"] = True
+        if turn.top_logprobs:
+            body["top_logprobs"] = turn.top_logprobs
+
+
 def build_messages(instructions: str, items: Iterable[pb.Item]) -> list[ChatMessage]:
     messages: list[ChatMessage] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
+    calls: set[str] = set()
     for item in items:
         kind = item.WhichOneof("kind")
         if kind == "message":
             messages.append(_message(item.message))
         elif kind == "function_call":
-            _append_tool_call(messages, item.function_call)
+            # A call handed out again after its approval is one call (the model made it once).
+            if item.function_call.call_id not in calls:
+                calls.add(item.function_call.call_id)
+                _append_tool_call(messages, item.function_call)
         elif kind == "function_call_output":
             output = item.function_call_output
             messages.append({"role": "tool", "tool_call_id": output.call_id, "content": output.output})

@@ -16,7 +16,7 @@ from antwort_grpc.providers.base import (
     ToolCallDelta,
     TurnEnd,
 )
-from antwort_grpc.providers.openai.chunks import AnyErrorBody, AnyToolCallFragment, AnyUsage, Chunk
+from antwort_grpc.providers.openai.chunks import AnyErrorBody, AnyLogprobs, AnyToolCallFragment, AnyUsage, Chunk
 from antwort_grpc.providers.openai.wire import ChatCompletion
 
 _FINISH = {
@@ -40,7 +40,30 @@ def usage(wire: AnyUsage | None) -> pb.Usage | None:
     if wire is None:
         return None
     total = wire.total_tokens if wire.total_tokens is not None else wire.prompt_tokens + wire.completion_tokens
-    return pb.Usage(input_tokens=wire.prompt_tokens, output_tokens=wire.completion_tokens, total_tokens=total)
+    found = pb.Usage(input_tokens=wire.prompt_tokens, output_tokens=wire.completion_tokens, total_tokens=total)
+    if wire.prompt_tokens_details is not None:
+        found.cached_input_tokens = wire.prompt_tokens_details.cached_tokens or 0
+    if wire.completion_tokens_details is not None:
+        found.reasoning_tokens = wire.completion_tokens_details.reasoning_tokens or 0
+    return found
+
+
+def token_logprobs(wire: AnyLogprobs | None) -> tuple[pb.TokenLogprob, ...]:
+    """A choice's log probabilities (none when the backend gave none)."""
+    if wire is None or not wire.content:
+        return ()
+    return tuple(
+        pb.TokenLogprob(
+            token=entry.token,
+            logprob=entry.logprob,
+            bytes=entry.bytes or (),
+            top_logprobs=[
+                pb.TopLogprob(token=top.token, logprob=top.logprob, bytes=top.bytes or ())
+                for top in entry.top_logprobs or ()
+            ],
+        )
+        for entry in wire.content
+    )
 
 
 def new_call_id() -> str:
@@ -98,7 +121,7 @@ class StreamTranslator:
                 if reasoning := delta.reasoning_content or delta.reasoning:
                     events.append(ReasoningDelta(reasoning))
                 if delta.content:
-                    events.append(TextDelta(delta.content))
+                    events.append(TextDelta(delta.content, token_logprobs(choice.logprobs)))
                 if delta.refusal:
                     events.append(RefusalDelta(delta.refusal))
                 if delta.tool_calls:
@@ -167,7 +190,8 @@ def completion(response: ChatCompletion) -> Completion:
         items.append(pb.Item(reasoning=pb.Reasoning(text=reasoning)))
     parts: list[pb.ContentPart] = []
     if message.content:
-        parts.append(pb.ContentPart(output_text=pb.OutputText(text=message.content)))
+        text = pb.OutputText(text=message.content, logprobs=token_logprobs(choice.logprobs))
+        parts.append(pb.ContentPart(output_text=text))
     if message.refusal:
         parts.append(pb.ContentPart(refusal=pb.Refusal(refusal=message.refusal)))
     if parts:

@@ -40,16 +40,45 @@ class Delta(_Said):
     tool_calls: list[ToolCallFragment] | None = None
 
 
+class TopLogprob(_Wire):
+    token: str = ""
+    logprob: float = 0.0
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(_Wire):
+    token: str = ""
+    logprob: float = 0.0
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] | None = None
+
+
+class ChoiceLogprobs(_Wire):
+    content: list[TokenLogprob] | None = None
+
+
 class ChunkChoice(_Wire):
     index: int = 0
     delta: Delta | None = None
     finish_reason: str | None = None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class PromptDetails(_Wire):
+    cached_tokens: int | None = None
+
+
+class CompletionDetails(_Wire):
+    reasoning_tokens: int | None = None
 
 
 class Usage(_Wire):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int | None = None
+    # OpenAI's and vLLM's breakdowns (null or absent where the backend does not report them).
+    prompt_tokens_details: PromptDetails | None = None
+    completion_tokens_details: CompletionDetails | None = None
 
 
 class ErrorBody(_Wire):
@@ -83,6 +112,7 @@ class Choice(_Wire):
     index: int = 0
     message: Message
     finish_reason: str | None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(_Wire):
