@@ -140,13 +140,16 @@ def stop(process: subprocess.Popen[str]) -> None:
 def read_until(process: subprocess.Popen[str], wanted: list[str], timeout: float) -> str:
     """The process's output until every wanted string appeared; fails at the timeout or its exit."""
     assert process.stdout is not None
+    # Read from the descriptor, not the buffered file: a readline() that takes two lines into its
+    # buffer leaves the second where select() cannot see it.
+    fd = process.stdout.fileno()
     seen = ""
     deadline = time.monotonic() + timeout
     while not all(text in seen for text in wanted):
-        ready, _, _ = select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))
-        line = process.stdout.readline() if ready else ""
-        assert line, f"missing {[t for t in wanted if t not in seen]} after:\n{seen}"
-        seen += line
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 1 << 16).decode(errors="replace") if ready else ""
+        assert chunk, f"missing {[t for t in wanted if t not in seen]} after:\n{seen}"
+        seen += chunk
     return seen
 
 
