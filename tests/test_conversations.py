@@ -303,3 +303,28 @@ def _text(item: Any) -> str:
     if isinstance(content, str):
         return content
     return "".join(getattr(part, "text", "") for part in content)
+
+
+async def test_an_item_added_to_a_conversation_can_be_referenced_by_a_create_that_continues_it() -> None:
+    async with gateway(Reply(text="Noted.")) as (doors, fake):
+        client = sdk(doors)
+        conversation = await client.conversations.create()
+        added = await client.conversations.items.create(
+            conversation.id, items=[{"type": "message", "role": "user", "content": "My name is Ada."}]
+        )
+        reference = {"type": "item_reference", "id": added.data[0].id}
+        answer = await client.responses.create(
+            model=MODEL,
+            input=[reference, {"role": "user", "content": "Say hi."}],  # type: ignore[list-item]
+            conversation=conversation.id,
+        )
+        assert answer.output_text == "Noted."
+        assert asked(fake)[-2:] == ["My name is Ada.", "Say hi."]
+        # An id the conversation does not hold is still not found, naming the field.
+        with pytest.raises(openai.NotFoundError) as raised:
+            await client.responses.create(
+                model=MODEL,
+                input=[{"type": "item_reference", "id": "msg_nowhere"}],  # type: ignore[list-item]
+                conversation=conversation.id,
+            )
+        assert raised.value.body["param"] == "input[0].id"  # type: ignore[index]

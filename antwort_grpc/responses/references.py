@@ -1,7 +1,8 @@
 """Item references in a create's input, replaced by the items they name before anything starts.
 
 An `item_reference` names an item (input or output) of one of the caller's stored responses that
-has ended. The store finds it among that owner's responses only: another owner's item is
+has ended, or — for a create that continues a conversation — an item of that conversation (one
+added to it directly included). The store finds it among that owner's responses only: another owner's item is
 NOT_FOUND exactly as an id that exists nowhere. The response then holds the item itself (in its
 stored input, in what the model sees), never the reference.
 """
@@ -37,6 +38,8 @@ async def resolve_references(
     items = request.input_items.items
     wanted = [items[n].item_reference.id for n in positions]
     found = await store.find_items(list(dict.fromkeys(wanted)), owner)
+    if request.conversation_id and not all(item_id in found for item_id in wanted):
+        found |= await _in_conversation(store, request.conversation_id, [i for i in wanted if i not in found], owner)
     missing = [(n, item_id) for n, item_id in zip(positions, wanted, strict=True) if item_id not in found]
     if missing:
         n, item_id = missing[0]
@@ -49,6 +52,22 @@ async def resolve_references(
     for n, item_id in zip(positions, wanted, strict=True):
         resolved.input_items.items[n].CopyFrom(found[item_id])
     return resolved
+
+
+async def _in_conversation(
+    store: ResponseStore, conversation_id: str, ids: list[str], owner: str
+) -> dict[str, pb.Item]:
+    """Items of the conversation the create continues, by id (added to it directly, not through
+    a response); none when the store keeps no conversations or the caller has no such one."""
+    conversations = getattr(store, "conversations", None)
+    if conversations is None:
+        return {}
+    found: dict[str, pb.Item] = {}
+    for item_id in dict.fromkeys(ids):
+        item = await conversations.get_item(conversation_id, item_id, owner)
+        if item is not None:
+            found[item_id] = item
+    return found
 
 
 def _field(position: int) -> str:
