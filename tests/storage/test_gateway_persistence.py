@@ -113,7 +113,9 @@ async def test_an_approval_is_given_after_the_gateway_restarts(backend: Backend)
         approve = pb.CreateResponseRequest(previous_response_id=paused.id, tools=[tool])
         approve.input_items.items.add().approval_response.CopyFrom(pb.ApprovalResponse(call_id="c1", approve=True))
         handed = await gw.create(approve)
-        assert [i.WhichOneof("kind") for i in handed.output] == []
+        # The approved call is handed out to run: last in the output, as OpenAI answers.
+        assert [i.WhichOneof("kind") for i in handed.output] == ["function_call"]
+        assert handed.output[-1].function_call.call_id == "c1"
         assert handed.status == S.RESPONSE_STATUS_REQUIRES_ACTION
         done = await gw.create(follow_up(handed.id, answer("c1", '{"temp": 21}')))
     assert done.status == S.RESPONSE_STATUS_COMPLETED and output_text(done) == "Sunny."
