@@ -166,7 +166,7 @@ def _held_lags(report: dict[str, Any]) -> list[int]:
 
 
 def _completed(stream: dict[str, Any], tokens: int) -> bool:
-    return stream["terminal"] == "completed" and stream["sequence_ok"] and stream["tokens"] == tokens
+    return stream["terminal"] == "completed" and bool(stream["sequence_ok"]) and stream["tokens"] == tokens
 
 
 def _environment(store: str) -> dict[str, str]:
