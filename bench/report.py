@@ -184,6 +184,23 @@ ROWS = [
         Row("11 overload", f"overload_lag_p99_ms_{m}x", f"{m}x: token lag p99 of the streams served (ms)")
         for m in (1, 2, 4, 8)
     ),
+    Row(
+        "12 workers",
+        "workers_capacity_ratio",
+        "streams carried at token lag p99 <= 100 ms: 2 worker processes ÷ 1 (client on the same cores)",
+        ">=",
+        1.6,
+    ),
+    Row("12 workers", "workers_carried_streams_1", "streams carried at lag p99 <= 100 ms, 1 worker"),
+    Row("12 workers", "workers_carried_streams_2", "the same, 2 workers"),
+    *(
+        Row(
+            "12 workers", f"workers_{what}_cores_{n}", f"{n} worker(s), largest step carried: {who} (cores of the step)"
+        )
+        for n in (1, 2)
+        for what, who in (("gateway", "the gateway's processes"), ("others", "the Go backend + client"))
+    ),
+    Row("12 workers", "workers_split_2", "CPU of the least busy worker ÷ the busiest's (the kernel's spread)"),
 ]
 
 HISTORY_KEYS = [

@@ -36,6 +36,7 @@ from bench import (
     overload_figure,
     profile,
     report,
+    workers_figure,
 )
 from bench.procs import Child, load_average, machine, spawn
 from bench.stats import Results
@@ -67,6 +68,7 @@ FIGURES: dict[str, Figure] = {
     "durable": durable_figure.durable_runs,
     "http": http_figure.http_cost,
     "overload": overload_figure.overload_series,
+    "workers": workers_figure.workers_capacity,
 }
 
 

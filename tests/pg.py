@@ -38,6 +38,11 @@ def _bin_dir() -> Path:
     return Path(found[-1]).parent
 
 
+def install() -> None:
+    """Debian's package, installed when missing (before a run that must not spend its time on it)."""
+    _bin_dir()
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import pg
+
 ROOT = Path(__file__).resolve().parent.parent
 
 KEYS = [
@@ -47,6 +49,9 @@ KEYS = [
     "overload_completed_1x",
     "overload_refused_8x",
     "overload_lag_p99_ms_4x",
+    "workers_capacity_ratio",
+    "workers_carried_streams_1",
+    "workers_carried_streams_2",
 ]
 
 
@@ -57,13 +62,16 @@ def test_tiny_bench_runs_every_figure_and_writes_every_key(tmp_path: Path) -> No
     before = report.read_text() if report.exists() else None
     # The Go load generator is built first (minutes on a clean machine, then cached).
     subprocess.run([str(ROOT / "bench" / "loadgen" / "build.sh")], check=True, capture_output=True, timeout=900)
+    # The workers figure's PostgreSQL: Debian's package, installed first when missing.
+    pg.install()
     run = subprocess.run(
         [sys.executable, "-m", "bench.run", "--tiny", "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        # A guard against a hang, not a timing: the HTTP door's section added about 5 s.
-        timeout=160,
+        # A guard against a hang, not a timing: the HTTP door's section added about 5 s, the
+        # workers figure (a PostgreSQL cluster, two gateways) about 5 s more.
+        timeout=190,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     data = json.loads((tmp_path / "latest.json").read_text())
