@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-TICK = 0.05
+# A few looks a second: enough to follow a loop that stays behind, too few to cost anything.
+TICK = 0.25
 # The weight of the newest sample: about the last second counts.
-WEIGHT = 0.1
+WEIGHT = 0.3
 
 
 class LoopLag:
