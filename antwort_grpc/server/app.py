@@ -52,6 +52,11 @@ class RpcMeasure(Protocol):
     def measure(self, method: str, handler: Any) -> Any: ...
 
 
+# The methods grpc matches calls to directly; the rest go through the generic handler (decode.py
+# `add_parsing_servicer`: each registered method costs every call a little in grpc.aio's intake).
+BUSY_METHODS = frozenset({"CreateResponse", "Converse", "AttachResponse", "GetResponse"})
+
+
 class GrpcDoor:
     """The core served over gRPC on `settings.listen`."""
 
@@ -93,9 +98,16 @@ class GrpcDoor:
 
         def add_services(server: grpc.aio.Server) -> None:
             add_parsing_servicer(
-                pb.add_ResponsesServiceServicer_to_server, servicer, server, refused=front.refuse, undecoded=UNDECODED
+                pb.add_ResponsesServiceServicer_to_server,
+                servicer,
+                server,
+                refused=front.refuse,
+                undecoded=UNDECODED,
+                registered=BUSY_METHODS,
             )
-            add_parsing_servicer(pb.add_ConversationsServiceServicer_to_server, conversations, server, front.refuse)
+            add_parsing_servicer(
+                pb.add_ConversationsServiceServicer_to_server, conversations, server, front.refuse, registered=()
+            )
 
         spec = ServerSpec(
             services=[RESPONSES_SERVICE, CONVERSATIONS_SERVICE],

@@ -14,7 +14,7 @@ was decoded has cost them all.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -178,9 +178,15 @@ def add_parsing_servicer(
     server: grpc.aio.Server,
     refused: Refused | None = None,
     undecoded: Mapping[str, int] | None = None,
+    registered: Collection[str] | None = None,
 ) -> None:
     """`add(servicer, server)` (a generated `add_…Servicer_to_server`), with every request parsed
-    by `parse_request`, except those of the methods in `undecoded`, handed over as RawRequests."""
+    by `parse_request`, except those of the methods in `undecoded`, handed over as RawRequests.
+
+    `registered`: the methods grpc matches calls to directly (None: all of them); the others are
+    found through the generic handler. grpc.aio waits on a request for every registered method of
+    the server in each turn of its intake (and grpc_accept.py keeps several asked ahead of each):
+    every registered method costs every call, so only the busy ones are."""
     capture = _Capture()
     add(servicer, capture)
     handlers = {
@@ -188,7 +194,10 @@ def add_parsing_servicer(
         for name, handler in capture.handlers.items()
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(capture.service, handlers),))
-    server.add_registered_method_handlers(capture.service, handlers)
+    if registered is not None:
+        handlers = {name: handler for name, handler in handlers.items() if name in registered}
+    if handlers:
+        server.add_registered_method_handlers(capture.service, handlers)
 
 
 def _message_descriptor(parse: Parse) -> Descriptor | None:
