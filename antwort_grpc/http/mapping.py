@@ -684,6 +684,11 @@ RENDER_OFF_LOOP_TOOLS = 8
 _LIFECYCLE = TERMINAL_EVENTS | {"created", "in_progress", "queued"}
 
 
+def carries_response(event: pb.StreamEvent) -> bool:
+    """Whether the event is a lifecycle event (it carries the Response, and its tools)."""
+    return event.WhichOneof("event") in _LIFECYCLE
+
+
 async def echoed_tools_ready(event: pb.StreamEvent) -> None:
     """The tools of the Response a lifecycle event carries rendered (`echoed_tools_json`) in the
     worker thread when there are many and they were not yet, so rendering the event does not."""
@@ -881,7 +886,9 @@ def _text_event(name: str, field: str, logprobs: bool = False, content_index: bo
         key = "delta" if field == "delta" else field
         body[key] = getattr(payload, field)
         if logprobs:
-            body["logprobs"] = logprobs_json(getattr(payload, "logprobs", ()))
+            # Most deltas carry none: an empty list without a call per delta.
+            probs = getattr(payload, "logprobs", None)
+            body["logprobs"] = logprobs_json(probs) if probs else []
         return body
 
     return render

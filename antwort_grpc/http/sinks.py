@@ -14,7 +14,7 @@ from aiohttp import web
 from antwort_grpc import pb
 from antwort_grpc.errors import RequestError
 from antwort_grpc.http.errors import error_json
-from antwort_grpc.http.mapping import dumps, echoed_tools_ready, event_json, response_json, sse
+from antwort_grpc.http.mapping import carries_response, dumps, echoed_tools_ready, event_json, response_json, sse
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,8 @@ class EventWriter:
                 self.last = event
                 return
             response = await self._prepare()
-        await echoed_tools_ready(event)
+        if carries_response(event):  # not a coroutine per delta
+            await echoed_tools_ready(event)
         body = event_json(event, self.extended, self.background)
         if body is None:
             return
