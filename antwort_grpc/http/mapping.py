@@ -681,19 +681,15 @@ ECHOED_KEPT = 256
 # that held the event loop 270-430 ms on a busy host.
 RENDER_OFF_LOOP_TOOLS = 8
 # The events that carry the whole Response.
-_LIFECYCLE = TERMINAL_EVENTS | {"created", "in_progress", "queued"}
-
-
-def carries_response(event: pb.StreamEvent) -> bool:
-    """Whether the event is a lifecycle event (it carries the Response, and its tools)."""
-    return event.WhichOneof("event") in _LIFECYCLE
+# The events that carry the Response (and its tools).
+LIFECYCLE = TERMINAL_EVENTS | {"created", "in_progress", "queued"}
 
 
 async def echoed_tools_ready(event: pb.StreamEvent) -> None:
     """The tools of the Response a lifecycle event carries rendered (`echoed_tools_json`) in the
     worker thread when there are many and they were not yet, so rendering the event does not."""
     kind = event.WhichOneof("event")
-    if kind not in _LIFECYCLE:
+    if kind not in LIFECYCLE:
         return
     response: pb.Response = getattr(event, kind).response
     if len(response.tools) > RENDER_OFF_LOOP_TOOLS and response.id not in _ECHOED:
@@ -886,8 +882,9 @@ def _text_event(name: str, field: str, logprobs: bool = False, content_index: bo
         key = "delta" if field == "delta" else field
         body[key] = getattr(payload, field)
         if logprobs:
-            # Most deltas carry none: an empty list without a call per delta.
-            probs = getattr(payload, "logprobs", None)
+            # Only a delta carries them (the done event none), and most deltas none: an empty list
+            # without a call per event.
+            probs = payload.logprobs if field == "delta" else None
             body["logprobs"] = logprobs_json(probs) if probs else []
         return body
 
@@ -939,11 +936,15 @@ SPEC_EVENTS: dict[str, Callable[[Any], JSON]] = {
 EXTENSION_PREFIX = "antwort:"
 
 
-def event_json(event: pb.StreamEvent, extended: bool = False, background: bool = False) -> JSON | None:
+def event_json(
+    event: pb.StreamEvent, extended: bool = False, background: bool = False, kind: str | None = None
+) -> JSON | None:
     """A stream event as the spec's event object; None for an event of ours the client did not ask
     for (`extended`: every event, ours as `antwort:<name>` with the payload's protobuf JSON;
-    `background`: the response in it was created in background)."""
-    kind = event.WhichOneof("event")
+    `background`: the response in it was created in background; `kind`: the event's case, when
+    the caller has read it already)."""
+    if kind is None:
+        kind = event.WhichOneof("event")
     if kind is None:
         return None
     render = SPEC_EVENTS.get(kind)
@@ -987,10 +988,17 @@ class RawJSON:
 # string can be it (a secret of the process), and one that were is told apart by the count.
 _STAND_IN = "\x00antwort-raw-" + secrets.token_hex(12)
 _ENCODED_STAND_IN = json.dumps(_STAND_IN)
+# Compact JSON with nothing to splice; a RawJSON in the document is its TypeError.
+_PLAIN = json.JSONEncoder(separators=(",", ":"))
 
 
 def dumps(value: Any) -> str:
-    """`value` as compact JSON text, its RawJSON parts spliced in as they are."""
+    """`value` as compact JSON text, its RawJSON parts spliced in as they are (most documents
+    hold none: encoded at once by a shared encoder, no closure made)."""
+    try:
+        return _PLAIN.encode(value)
+    except TypeError:
+        pass
     texts: list[str] = []
 
     def stand_in(part: object) -> str:

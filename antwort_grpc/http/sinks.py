@@ -14,7 +14,7 @@ from aiohttp import web
 from antwort_grpc import pb
 from antwort_grpc.errors import RequestError
 from antwort_grpc.http.errors import error_json
-from antwort_grpc.http.mapping import carries_response, dumps, echoed_tools_ready, event_json, response_json, sse
+from antwort_grpc.http.mapping import LIFECYCLE, dumps, echoed_tools_ready, event_json, response_json, sse
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +65,10 @@ class EventWriter:
                 self.last = event
                 return
             response = await self._prepare()
-        if carries_response(event):  # not a coroutine per delta
+        kind = event.WhichOneof("event")
+        if kind in LIFECYCLE:  # not a coroutine per delta
             await echoed_tools_ready(event)
-        body = event_json(event, self.extended, self.background)
+        body = event_json(event, self.extended, self.background, kind)
         if body is None:
             return
         self.number += 1
