@@ -31,6 +31,9 @@ WEATHER = {
     "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
 }
 GUARDED = {**WEATHER, "require_approval": {"mode": "APPROVAL_MODE_ALWAYS"}}
+# How long a CLI process may take to print what a test waits for: a guard against a hang, not a
+# measurement (a CLI started on a host whose cores other processes hold took 37 s once).
+GUARD = 120.0
 PARIS = ScriptedToolCall(id="call_paris", name="get_weather", arguments='{"city": "Paris"}')
 
 
@@ -65,7 +68,7 @@ class Cli:
         )  # fmt: skip
         return cls(process)
 
-    async def expect(self, pattern: str, timeout: float = 30) -> re.Match[str]:
+    async def expect(self, pattern: str, timeout: float = GUARD) -> re.Match[str]:
         """Read until the output matches (the prompts end without a newline)."""
         assert self.process.stdout is not None
         async with asyncio.timeout(timeout):
@@ -80,7 +83,7 @@ class Cli:
         self.process.stdin.write(line.encode() + b"\n")
         await self.process.stdin.drain()
 
-    async def finish(self, timeout: float = 30) -> int:
+    async def finish(self, timeout: float = GUARD) -> int:
         assert self.process.stdin is not None and self.process.stdout is not None
         if not self.process.stdin.is_closing():
             self.process.stdin.close()
