@@ -89,9 +89,6 @@ class Front:
 
     def check_open(self, method: str) -> None:
         """UNAVAILABLE (shutting_down) once the process stops taking work."""
-        self._open(method)
-
-    def _open(self, method: str) -> None:
         if self.closing:
             refusal = RequestError(
                 grpc.StatusCode.UNAVAILABLE,
@@ -224,7 +221,7 @@ class Front:
         one. It reads a response that counts already: no slot of the principal's limit.
         `read_from`: the log is read after this number instead (`starting_after` is still checked
         against the log), for a door whose sink numbers the events its own way."""
-        self._open(call.method)
+        self.check_open(call.method)
         async with self.edge.stream(call.method, call.identity, call.metadata, call.door, limited=False) as watch:
             durable = self.durability()
             await durable.attach_check(response_id, call.owner, starting_after)
@@ -240,7 +237,7 @@ class Front:
         self, call: Call, requests: AsyncIterator[Encoded[pb.ConverseRequest]], sink: ConverseSink
     ) -> None:
         """A session: responses one after another on one stream, controls for the one running."""
-        self._open(call.method)
+        self.check_open(call.method)
         async with self.edge.stream(call.method, call.identity, call.metadata, call.door) as watch:
             guard = self.stalls.guard()
             try:
@@ -272,7 +269,7 @@ class Front:
     ) -> tuple[M, int, Reservation | None]:
         """A request that starts a response, taken in: decoded already (its size measured), or
         admitted by its size first and then decoded (the room reserved for it returned)."""
-        self._open(call.method)
+        self.check_open(call.method)
         if isinstance(request, decoded_type):
             return request, request.ByteSize(), None
         encoded = cast("Encoded[M]", request)
@@ -315,25 +312,25 @@ class Front:
     # ------------------------------------------------------------- reads and controls
 
     async def get(self, call: Call, response_id: str) -> pb.Response:
-        self._open(call.method)
+        self.check_open(call.method)
         return await self.responses.get(response_id, call.owner)
 
     async def delete(self, call: Call, response_id: str) -> None:
-        self._open(call.method)
+        self.check_open(call.method)
         await self.responses.delete(response_id, call.owner)
 
     async def cancel(self, call: Call, response_id: str) -> pb.Response:
-        self._open(call.method)
+        self.check_open(call.method)
         return await self.responses.cancel(response_id, call.owner)
 
     async def control(self, call: Call, response_id: str, control: pb.Control) -> pb.ControlAccepted:
-        self._open(call.method)
+        self.check_open(call.method)
         return await self.responses.control(response_id, control, call.owner)
 
     async def list_input_items(
         self, call: Call, response_id: str, *, limit: int, after: str, descending: bool
     ) -> pb.ListInputItemsResponse:
-        self._open(call.method)
+        self.check_open(call.method)
         return await self.responses.list_input_items(
             response_id, limit=limit, after=after, descending=descending, owner=call.owner
         )
