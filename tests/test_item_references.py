@@ -185,3 +185,86 @@ def _violations(error: grpc.aio.AioRpcError) -> list[str]:
         if detail.Unpack(request):
             fields += [v.field for v in request.field_violations]
     return fields
+
+
+def _user(text: str) -> pb.Item:
+    part = pb.ContentPart(input_text=pb.InputText(text=text))
+    return pb.Item(message=pb.Message(role=pb.Role.ROLE_USER, content=[part]))
+
+
+async def test_an_item_of_any_of_the_callers_conversations_is_found_over_both_doors() -> None:
+    replies = (Reply(text="Hello Ada."), Reply(text="I'll keep it."), Reply(text="You are Ada."), Reply(text="Yes."))
+    async with doors(*replies) as (running, fake):
+        status, kept = await call(
+            running,
+            "POST",
+            "/v1/conversations",
+            {"items": [{"type": "message", "role": "user", "content": "My name is Ada."}]},
+        )
+        assert status == 200, kept
+        status, listed = await call(running, "GET", f"/v1/conversations/{kept['id']}/items?order=asc")
+        named = listed["data"][0]["id"]
+        ada = {"role": "user", "content": "My name is Ada."}
+        # A create in no conversation at all refers to an item only that conversation holds.
+        body = {"model": MODEL, "input": [{"type": "item_reference", "id": named}, {"role": "user", "content": "Hi."}]}
+        status, plain = await call(running, "POST", "/v1/responses", body)
+        assert status == 200 and plain["status"] == "completed", plain
+        assert_schema(plain)
+        assert fake.chat_requests[-1]["messages"][0] == ada
+        # A create that continues another conversation: that one gains the item itself.
+        status, other = await call(running, "POST", "/v1/conversations", {})
+        status, continued = await call(running, "POST", "/v1/responses", {**body, "conversation": other["id"]})
+        assert status == 200 and continued["status"] == "completed", continued
+        status, gained = await call(running, "GET", f"/v1/conversations/{other['id']}/items?order=asc")
+        assert gained["data"][0] == listed["data"][0]
+        # Over gRPC: the output of a response that is kept only in the conversation (store false).
+        unstored = await running.grpc.create(
+            pb.CreateResponseRequest(input_text="Who am I?", conversation_id=kept["id"], store=False)
+        )
+        assert await running.grpc.store.get(unstored.id) is None
+        references = [pb.Item(item_reference=pb.ItemReference(id=i)) for i in (named, unstored.output[0].id)]
+        again = await running.grpc.create(
+            pb.CreateResponseRequest(input_items=pb.ItemList(items=[*references, _user("Sure?")]))
+        )
+        assert again.status == S.RESPONSE_STATUS_COMPLETED, again.error
+        assert fake.chat_requests[-1]["messages"][:2] == [ada, {"role": "assistant", "content": "You are Ada."}]
+        listed_input = await running.grpc.stub.ListInputItems(pb.ListInputItemsRequest(response_id=again.id))
+        assert listed_input.items[1] == unstored.output[0]
+
+
+async def test_another_owners_conversation_item_is_not_found_exactly_as_if_it_did_not_exist(tmp_path: Path) -> None:
+    credentials = api_keys(tmp_path)
+    async with doors(**credentials.settings) as (running, fake):
+        alice = credentials.tokens["alice"]
+        secret = {"type": "message", "role": "user", "content": "alice's secret"}
+        status, hers = await call(running, "POST", "/v1/conversations", {"items": [secret]}, alice)
+        assert status == 200, hers
+        _, listed = await call(running, "GET", f"/v1/conversations/{hers['id']}/items", token=alice)
+        theirs = listed["data"][0]["id"]
+        absent = "msg_000000000000"
+        (status, found), (missing_status, missing) = [
+            await _refer(running, credentials, "bob", item_id) for item_id in (theirs, absent)
+        ]
+        assert status == missing_status == 404
+        assert found["error"]["message"].replace(theirs, "ID") == missing["error"]["message"].replace(absent, "ID")
+        assert {k: v for k, v in found["error"].items() if k != "message"} == {
+            k: v for k, v in missing["error"].items() if k != "message"
+        }
+        assert found["error"]["param"] == "input[0].id"
+        # Naming her conversation as his own changes nothing: it is not found either.
+        body = {"model": MODEL, "input": [{"type": "item_reference", "id": theirs}], "conversation": hers["id"]}
+        status, named = await call(running, "POST", "/v1/responses", body, credentials.tokens["bob"])
+        assert status == 404 and "secret" not in str(named), named
+        answers = []
+        for item_id in (theirs, absent):
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await running.grpc.stub.CreateResponse(
+                    pb.CreateResponseRequest(
+                        input_items=pb.ItemList(items=[pb.Item(item_reference=pb.ItemReference(id=item_id))])
+                    ),
+                    metadata=credentials.of("bob"),
+                ).read()
+            error = raised.value
+            answers.append((error.code(), (error.details() or "").replace(item_id, "ID"), _violations(error)))
+        assert answers[0] == answers[1] and answers[0][0] == grpc.StatusCode.NOT_FOUND
+        assert not fake.chat_requests

@@ -1,10 +1,11 @@
 """Item references in a create's input, replaced by the items they name before anything starts.
 
 An `item_reference` names an item (input or output) of one of the caller's stored responses that
-has ended, or — for a create that continues a conversation — an item of that conversation (one
-added to it directly included). The store finds it among that owner's responses only: another owner's item is
-NOT_FOUND exactly as an id that exists nowhere. The response then holds the item itself (in its
-stored input, in what the model sees), never the reference.
+has ended, or of one of the caller's conversations (one added to it directly included; the
+conversation the create continues first, when several hold the id). The store finds it among
+that owner's responses and conversations only: another owner's item is NOT_FOUND exactly as an id
+that exists nowhere. The response then holds the item itself (in its stored input, in what the
+model sees), never the reference. A request without references reads nothing here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import grpc
 from antwort_grpc import pb
 from antwort_grpc.errors import FieldViolation, RequestError, not_found
 from antwort_grpc.storage.base import ItemLookup, ResponseStore
+from antwort_grpc.storage.conversations import ConversationStore
 
 
 def references(request: pb.CreateResponseRequest) -> list[int]:
@@ -38,12 +40,14 @@ async def resolve_references(
     items = request.input_items.items
     wanted = [items[n].item_reference.id for n in positions]
     found = await store.find_items(list(dict.fromkeys(wanted)), owner)
-    if request.conversation_id and not all(item_id in found for item_id in wanted):
-        found |= await _in_conversation(store, request.conversation_id, [i for i in wanted if i not in found], owner)
+    if not all(item_id in found for item_id in wanted):
+        found |= await _in_conversations(store, [i for i in wanted if i not in found], owner, request.conversation_id)
     missing = [(n, item_id) for n, item_id in zip(positions, wanted, strict=True) if item_id not in found]
     if missing:
         n, item_id = missing[0]
-        error = not_found("item", item_id, _field(n), "no stored response of yours holds an item with this id")
+        error = not_found(
+            "item", item_id, _field(n), "none of your stored responses or conversations holds an item with this id"
+        )
         for later, other in missing[1:]:
             error.violations.append(FieldViolation(_field(later), f"item {other!r} not found"))
         raise error
@@ -54,20 +58,13 @@ async def resolve_references(
     return resolved
 
 
-async def _in_conversation(
-    store: ResponseStore, conversation_id: str, ids: list[str], owner: str
-) -> dict[str, pb.Item]:
-    """Items of the conversation the create continues, by id (added to it directly, not through
-    a response); none when the store keeps no conversations or the caller has no such one."""
+async def _in_conversations(store: ResponseStore, ids: list[str], owner: str, prefer: str) -> dict[str, pb.Item]:
+    """Items of `owner`'s conversations, by id (`prefer`'s first); none when the store keeps no
+    conversations."""
     conversations = getattr(store, "conversations", None)
-    if conversations is None:
+    if not isinstance(conversations, ConversationStore):
         return {}
-    found: dict[str, pb.Item] = {}
-    for item_id in dict.fromkeys(ids):
-        item = await conversations.get_item(conversation_id, item_id, owner)
-        if item is not None:
-            found[item_id] = item
-    return found
+    return await conversations.find_items(list(dict.fromkeys(ids)), owner, prefer)
 
 
 def _field(position: int) -> str:

@@ -57,6 +57,14 @@ class ConversationStore(Protocol):
 
     async def delete_item(self, conversation_id: str, item_id: str, owner: str) -> bool: ...
 
+    async def find_items(self, item_ids: Sequence[str], owner: str, prefer: str = "") -> dict[str, pb.Item]:
+        """The items with these ids in any of `owner`'s conversations, by id (an id in none of
+        them, or only in another owner's, is missing from the answer). An id several hold is
+        taken from `prefer` (the conversation a create continues) when it holds it, else from
+        the one with the least conversation id, at its first position there: the same answer
+        in every store."""
+        ...
+
     async def entries(self, conversation_id: str, owner: str) -> list[Entry] | None:
         """Every item, oldest first (None: no such conversation): a response's history."""
         ...
@@ -136,6 +144,19 @@ class MemoryConversations:
                 del kept.entries[n]
                 return True
         return False
+
+    async def find_items(self, item_ids: Sequence[str], owner: str, prefer: str = "") -> dict[str, pb.Item]:
+        wanted = set(item_ids)
+        mine = [kept for kept in self.tables.kept.values() if kept.owner == owner]
+        mine.sort(key=lambda kept: (kept.conversation.id != prefer, kept.conversation.id))
+        found: dict[str, pb.Item] = {}
+        for kept in mine:
+            for entry in kept.entries:
+                if entry.item.id in wanted and entry.item.id not in found:
+                    found[entry.item.id] = _copy(entry.item)
+            if len(found) == len(wanted):
+                break
+        return found
 
     async def entries(self, conversation_id: str, owner: str) -> list[Entry] | None:
         kept = self._find(conversation_id, owner)

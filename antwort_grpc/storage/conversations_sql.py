@@ -29,6 +29,15 @@ _ITEMS = "antwort_conversation_items"
 _AFTER_ALL = 2**31 - 1
 
 
+# An item of the owner's conversations by id: from the preferred conversation, else the least id.
+_FIND = f"""SELECT i.item FROM {_ITEMS} i JOIN antwort_conversations c ON c.id = i.conversation_id
+    WHERE i.item_id = ? AND c.owner = ? ORDER BY i.conversation_id = ? DESC, i.conversation_id, i.seq LIMIT 1"""
+_PG_FIND = f"""SELECT DISTINCT ON (i.item_id) i.item_id, i.item FROM {_ITEMS} i
+    JOIN antwort_conversations c ON c.id = i.conversation_id
+    WHERE i.item_id = ANY($1::text[]) AND c.owner = $2
+    ORDER BY i.item_id, i.conversation_id = $3 DESC, i.conversation_id, i.seq"""
+
+
 def _conversation(data: bytes) -> pb.Conversation:
     return pb.Conversation.FromString(data)
 
@@ -148,6 +157,17 @@ class SQLiteConversations:
 
         return await self.writer.run(delete)
 
+    async def find_items(self, item_ids: Sequence[str], owner: str, prefer: str = "") -> dict[str, pb.Item]:
+        def read(conn: sqlite3.Connection) -> dict[str, pb.Item]:
+            found: dict[str, pb.Item] = {}
+            for item_id in dict.fromkeys(item_ids):
+                row = conn.execute(_FIND, (item_id, owner, prefer)).fetchone()
+                if row is not None:
+                    found[item_id] = pb.Item.FromString(row[0])
+            return found
+
+        return await self.reader.run(read)
+
     async def entries(self, conversation_id: str, owner: str) -> list[Entry] | None:
         def read(conn: sqlite3.Connection) -> list[Entry] | None:
             if not _owned(conn, conversation_id, owner):
@@ -256,6 +276,10 @@ class PostgresConversations:
              WHERE c.id = $1 AND c.owner = $2 AND i.item_id = $3)"""
         status: str = await self.pool.execute(sql, conversation_id, owner, item_id)
         return status != "DELETE 0"
+
+    async def find_items(self, item_ids: Sequence[str], owner: str, prefer: str = "") -> dict[str, pb.Item]:
+        rows = await self.pool.fetch(_PG_FIND, list(dict.fromkeys(item_ids)), owner, prefer)
+        return {row[0]: pb.Item.FromString(row[1]) for row in rows}
 
     async def entries(self, conversation_id: str, owner: str) -> list[Entry] | None:
         async with self.pool.acquire() as conn:

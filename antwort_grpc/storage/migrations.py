@@ -106,6 +106,11 @@ SQLITE: list[tuple[str, ...]] = [
         ) WITHOUT ROWID""",
         "CREATE INDEX antwort_conversation_items_id ON antwort_conversation_items (conversation_id, item_id)",
     ),
+    (
+        # Conversation items by id alone: an item reference finds an item in any of the caller's
+        # conversations. Written only by conversation appends (a plain response pays nothing).
+        "CREATE INDEX antwort_conversation_items_item ON antwort_conversation_items (item_id)",
+    ),
 ]
 
 POSTGRES: list[tuple[str, ...]] = [
@@ -204,6 +209,10 @@ POSTGRES: list[tuple[str, ...]] = [
             PRIMARY KEY (conversation_id, seq)
         )""",
         "CREATE INDEX antwort_conversation_items_id ON antwort_conversation_items (conversation_id, item_id)",
+    ),
+    (
+        # As SQLite's version 5: conversation items by id alone, for item references.
+        "CREATE INDEX antwort_conversation_items_item ON antwort_conversation_items (item_id)",
     ),
 ]
 

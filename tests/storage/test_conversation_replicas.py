@@ -65,3 +65,19 @@ def _text(item: object) -> str:
     if isinstance(content, str):
         return content
     return "".join(getattr(part, "text", "") for part in content)
+
+
+async def test_an_item_added_to_a_conversation_on_one_replica_is_referenced_on_the_other(
+    postgres_admin_url: str,
+) -> None:
+    fake = FakeOpenAI(Reply(text="Hello, Ada."))
+    async with fake, two_replicas(postgres_admin_url, fake) as (a, b):
+        conversation = await a.conversations.create(items=[{"role": "user", "content": "I am Ada."}])
+        (item,) = (await a.conversations.items.list(conversation.id)).data
+        # On the other replica, in no conversation: the item comes from the store, not a's memory.
+        greeted = await b.responses.create(
+            model=MODEL,
+            input=[{"type": "item_reference", "id": item.id}, {"role": "user", "content": "Greet me."}],  # type: ignore[list-item]
+        )
+        assert greeted.output_text == "Hello, Ada."
+        assert [m["content"] for m in fake.chat_requests[-1]["messages"]] == ["I am Ada.", "Greet me."]

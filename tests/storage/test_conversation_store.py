@@ -115,3 +115,30 @@ async def test_a_conversation_outlives_its_store_and_is_seen_by_another(backend:
     second = await backend.open()
     assert await second.conversations.append("conv_1", [Entry(said("two", "m2"))], "alice")
     assert [e.item.id for e in await second.conversations.entries("conv_1", "alice")] == ["m1", "m2"]
+    # What an item reference reads on another replica (or after a restart) comes from the store.
+    found = await second.conversations.find_items(["m1", "m2"], "alice")
+    assert texts([found["m1"], found["m2"]]) == ["one", "two"]
+
+
+async def test_an_item_is_found_by_id_in_any_of_the_owners_conversations_and_only_theirs(store: Any) -> None:
+    kept = store.conversations
+    await kept.create(conversation("conv_b"), [said("one", "m1"), said("in b", "shared")], "alice")
+    await kept.create(conversation("conv_a"), [said("in a", "shared")], "alice")
+    await kept.create(conversation("conv_c"), [said("bob's", "m_bob")], "bob")
+    assert await kept.append("conv_b", [Entry(said("later", "m2"), True)], "alice")
+    found = await kept.find_items(["m1", "shared", "m2", "m_bob", "m_nowhere"], "alice")
+    assert sorted(found) == ["m1", "m2", "shared"]
+    assert texts([found["m1"], found["m2"]]) == ["one", "later"]
+    # An id two conversations hold: the one preferred (a create's own), else the least id.
+    assert texts([found["shared"]]) == ["in a"]
+    preferred = await kept.find_items(["shared"], "alice", prefer="conv_b")
+    assert texts([preferred["shared"]]) == ["in b"]
+    # Another owner's item is missing exactly as an unknown one; theirs to find.
+    assert await kept.find_items(["m_bob"], "alice") == {}
+    assert await kept.find_items(["m_bob"], "alice", prefer="conv_c") == {}
+    assert texts([(await kept.find_items(["m_bob"], "bob"))["m_bob"]]) == ["bob's"]
+    # Deleted items and conversations are found no more.
+    assert await kept.delete_item("conv_b", "m1", "alice")
+    assert await kept.delete("conv_a", "alice")
+    found = await kept.find_items(["m1", "shared"], "alice")
+    assert list(found) == ["shared"] and texts([found["shared"]]) == ["in b"]
