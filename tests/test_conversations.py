@@ -328,3 +328,21 @@ async def test_an_item_added_to_a_conversation_can_be_referenced_by_a_create_tha
                 conversation=conversation.id,
             )
         assert raised.value.body["param"] == "input[0].id"  # type: ignore[index]
+
+
+async def test_a_create_in_a_conversation_needs_no_input_of_its_own() -> None:
+    async with gateway(Reply(text="Hello, Ada.")) as (doors, fake):
+        client = sdk(doors)
+        conversation = await client.conversations.create()
+        await client.conversations.items.create(conversation.id, items=[{"role": "user", "content": "I am Ada."}])
+        # OpenAI's pattern: items added to the conversation, then a response to them.
+        answer = await client.responses.create(model=MODEL, conversation=conversation.id)
+        assert answer.output_text == "Hello, Ada."
+        assert asked(fake) == ["I am Ada."]
+        items = (await client.conversations.items.list(conversation.id, order="asc")).data
+        assert [_text(i) for i in items] == ["I am Ada.", "Hello, Ada."]
+        # Without a conversation (or an earlier response) input is still required.
+        with pytest.raises(openai.BadRequestError) as raised:
+            await client.responses.create(model=MODEL)
+        assert raised.value.param == "input"
+        await client.close()

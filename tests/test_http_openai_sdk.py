@@ -301,3 +301,31 @@ async def test_a_conversation_is_compacted_into_one_item_that_stands_for_it_as_i
                 input=[{"type": "compaction", "encrypted_content": "forged"}],  # type: ignore[list-item]
             )
     assert raised.value.param == "input[0].encrypted_content"
+
+
+async def test_a_kept_conversation_is_compacted_and_left_as_it_was() -> None:
+    summary = "The user is Alice; the launch is on Tuesday."
+    async with sdk(Reply(text="Noted."), Reply(text=summary, times=2)) as (client, _, fake):
+        conversation = await client.conversations.create(items=[{"role": "user", "content": "I am Alice."}])
+        await client.responses.create(model=MODEL, input="We launch on Tuesday.", conversation=conversation.id)
+        before = (await client.conversations.items.list(conversation.id, order="asc")).data
+        # Not in OpenAI's compact body: here, the conversation's items are what is summarized.
+        for named in (conversation.id, {"id": conversation.id}):
+            compacted = await client.post(
+                "/responses/compact", cast_to=object, body={"model": MODEL, "conversation": named}
+            )
+            assert_schema(compacted, "CompactResource")
+            asked = fake.requests[-1].body["messages"]
+            assert "Summarize the conversation" in asked[0]["content"]
+            assert [m["content"] for m in asked[1:]] == ["I am Alice.", "We launch on Tuesday.", "Noted."]
+        assert (await client.conversations.items.list(conversation.id, order="asc")).data == before
+        with pytest.raises(openai.BadRequestError) as both:
+            await client.post(
+                "/responses/compact",
+                cast_to=object,
+                body={"model": MODEL, "conversation": conversation.id, "previous_response_id": "resp_1"},
+            )
+        assert both.value.param == "conversation"
+        with pytest.raises(openai.NotFoundError) as unknown:
+            await client.post("/responses/compact", cast_to=object, body={"model": MODEL, "conversation": "conv_1"})
+        assert unknown.value.param == "conversation"

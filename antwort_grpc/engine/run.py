@@ -96,6 +96,10 @@ class Durable(Protocol):
 
 
 class Run:
+    # Whether its input and output join `request.conversation_id` when it ends (a compaction only
+    # reads the conversation: keep_out_of_conversation). A class default: no cost per response.
+    joins_conversation = True
+
     def __init__(self, request: pb.CreateResponseRequest, response: pb.Response, setup: RunSetup) -> None:
         self.request = request
         # The Response being built (the emitter fills it in; read it, never replace it).
@@ -265,6 +269,10 @@ class Run:
         self._turn, self._round = turn, round_
         self.record.turns = turn
         self.recovery = recovery
+
+    def keep_out_of_conversation(self) -> None:
+        """Read the conversation the request names as history, but add nothing to it."""
+        self.joins_conversation = False
 
     def abandon(self) -> None:
         """Stop here without ending: another replica resumes the run from its checkpoint."""

@@ -256,6 +256,7 @@ class Front:
             async with self.edge.stream(call.method, call.identity, call.metadata, call.door) as watch:
                 with self.edge.response(size, reserved):
                     run = await self.responses.create(summarize, owner=call.owner, caller=self._caller(call))
+                    run.keep_out_of_conversation()
                     last = Last()
                     await deliver(run, summarize, watch, last, Guard(None))
                     response = last.response()

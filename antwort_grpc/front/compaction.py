@@ -2,8 +2,10 @@
 
 The model is asked, through the same path as any response (validation, tenancy, admission,
 hooks, observation), to summarize the conversation: the request's input, after the chain of
-`previous_response_id`. Nothing is stored. The summary comes back as a developer message; sent
-back as input, it stands for the conversation it summarizes."""
+`previous_response_id` or after the items of a kept conversation (`conversation_id`, read as a
+create that continues it reads it). Nothing is stored, and the conversation is left as it was.
+The summary comes back as a developer message; sent back as input, it stands for the
+conversation it summarizes."""
 
 from __future__ import annotations
 
@@ -36,7 +38,11 @@ class Compacted:
 
 def summarizing_request(compact: pb.CompactConversationRequest) -> pb.CreateResponseRequest:
     """The response that summarizes the conversation `compact` names."""
-    request = pb.CreateResponseRequest(model=compact.model, previous_response_id=compact.previous_response_id)
+    request = pb.CreateResponseRequest(
+        model=compact.model,
+        previous_response_id=compact.previous_response_id,
+        conversation_id=compact.conversation_id,
+    )
     copy_input(compact, request)
     request.instructions = COMPACT_INSTRUCTIONS
     if compact.instructions:

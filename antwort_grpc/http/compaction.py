@@ -11,7 +11,9 @@ from antwort_grpc.http.jsonread import JSON, fail, obj, string
 from antwort_grpc.http.mapping import compaction_content, create_request, usage_json
 from antwort_grpc.ids import new_id
 
-PARAMETERS = frozenset({"model", "input", "previous_response_id", "instructions", "prompt_cache_key"})
+# The spec's parameters, and `conversation` (an id or {"id"}, as on create): OpenAI's compact
+# takes no conversation; here its items are what is summarized (docs/http.md).
+PARAMETERS = frozenset({"model", "input", "previous_response_id", "conversation", "instructions", "prompt_cache_key"})
 
 
 def compaction_request(body: object) -> pb.CompactConversationRequest:
@@ -23,9 +25,11 @@ def compaction_request(body: object) -> pb.CompactConversationRequest:
             fail(key, "unknown parameter of a compact request")
     if entry.get("model") is None:
         fail("model", "required: the model to use ('' for the gateway's default)")
-    parameters = {key: entry[key] for key in ("model", "input", "previous_response_id") if key in entry}
+    parameters = {key: entry[key] for key in ("model", "input", "previous_response_id", "conversation") if key in entry}
     create = create_request(parameters).request
-    compact = pb.CompactConversationRequest(model=create.model, previous_response_id=create.previous_response_id)
+    compact = pb.CompactConversationRequest(
+        model=create.model, previous_response_id=create.previous_response_id, conversation_id=create.conversation_id
+    )
     copy_input(create, compact)
     theirs = entry.get("instructions")
     if theirs is not None:

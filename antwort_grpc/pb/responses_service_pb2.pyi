@@ -263,18 +263,20 @@ class ControlResponseResponse(_message.Message):
     def __init__(self, response: _Optional[_Union[_response_pb2.Response, _Mapping]] = ..., accepted: _Optional[_Union[_control_pb2.ControlAccepted, _Mapping]] = ...) -> None: ...
 
 class CompactConversationRequest(_message.Message):
-    __slots__ = ("model", "input_text", "input_items", "previous_response_id", "instructions")
+    __slots__ = ("model", "input_text", "input_items", "previous_response_id", "instructions", "conversation_id")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     INPUT_TEXT_FIELD_NUMBER: _ClassVar[int]
     INPUT_ITEMS_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
     INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     model: str
     input_text: str
     input_items: ItemList
     previous_response_id: str
     instructions: str
-    def __init__(self, model: _Optional[str] = ..., input_text: _Optional[str] = ..., input_items: _Optional[_Union[ItemList, _Mapping]] = ..., previous_response_id: _Optional[str] = ..., instructions: _Optional[str] = ...) -> None: ...
+    conversation_id: str
+    def __init__(self, model: _Optional[str] = ..., input_text: _Optional[str] = ..., input_items: _Optional[_Union[ItemList, _Mapping]] = ..., previous_response_id: _Optional[str] = ..., instructions: _Optional[str] = ..., conversation_id: _Optional[str] = ...) -> None: ...
 
 class CompactConversationResponse(_message.Message):
     __slots__ = ("id", "summary", "usage")

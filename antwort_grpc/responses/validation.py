@@ -124,13 +124,18 @@ def check_id(field: str, value: str, v: list[FieldViolation]) -> None:
 
 def _check_input(request: pb.CreateResponseRequest, limits: Limits, v: list[FieldViolation]) -> None:
     which = request.WhichOneof("input")
+    # What the model starts from when there is no input: an earlier response or a conversation
+    # (whose items may have been added to it directly, as OpenAI's conversations allow).
+    continues = request.previous_response_id or request.conversation_id
     if which == "input_text":
-        if not request.input_text.strip() and not request.previous_response_id:
+        if not request.input_text.strip() and not continues:
             v.append(FieldViolation("input_text", "must not be empty"))
         return
     items = request.input_items.items if which == "input_items" else []
-    if not items and not request.previous_response_id:
-        v.append(FieldViolation("input", "required: input_text or input_items (or a previous_response_id)"))
+    if not items and not continues:
+        v.append(
+            FieldViolation("input", "required: input_text or input_items (or a previous_response_id or a conversation)")
+        )
     if len(items) > limits.max_input_items:
         v.append(
             FieldViolation(
