@@ -74,6 +74,18 @@ class _Lines:
             await self.event(pb.StreamEvent.FromString(data), None)
 
 
+# ConversationsService: the front's verb, whether it takes the ids (else the request), and the
+# field of the RPC's answer that holds what the verb returns ("": the answer is that itself).
+KEPT = {
+    "CreateConversation": ("create", False, "conversation"),
+    "GetConversation": ("get", True, "conversation"),
+    "UpdateConversation": ("update", False, "conversation"),
+    "DeleteConversation": ("delete", True, ""),
+    "ListConversationItems": ("list_items", False, ""),
+    "CreateConversationItems": ("add_items", False, ""),
+    "GetConversationItem": ("get_item", True, "item"),
+    "DeleteConversationItem": ("delete_item", True, "conversation"),
+}
 STATUS = {"INVALID_ARGUMENT": 400, "OUT_OF_RANGE": 400, "NOT_FOUND": 404, "FAILED_PRECONDITION": 409}
 STATUS |= {"RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503, "UNAUTHENTICATED": 401}
 
@@ -135,6 +147,17 @@ class JsonLinesDoor:
         elif method == "ControlResponse":
             control = _decode(raw, pb.ControlResponseRequest)
             return pb.ControlResponseResponse(accepted=await front.control(call, control.response_id, control.control))
+        elif method == "CompactConversation":
+            compacted = await front.compact(call, _Body(raw, pb.CompactConversationRequest))
+            made = compacted.response
+            return pb.CompactConversationResponse(id=made.id, summary=compacted.item(), usage=made.usage)
+        elif method in KEPT:
+            verb, by_id, field = KEPT[method]
+            request = _decode(raw, getattr(pb, f"{method}Request"))
+            ids = [getattr(request, name) for name in ("conversation_id", "item_id") if hasattr(request, name)]
+            answer = await getattr(front.conversations, verb)(call, *(ids if by_id else [request]))
+            reply = getattr(pb, f"{method}Response")
+            return reply(**{field: answer}) if field else answer or reply(conversation_id=ids[0], deleted=True)
         else:
             raise invalid_argument([FieldViolation("method", f"unknown method {method!r}")])
         return None

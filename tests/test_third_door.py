@@ -1,6 +1,7 @@
 """The third door (tests/jsonl_door.py, built from docs/engine.md's recipe alone) runs the scenarios
 the gRPC and HTTP doors run: a create streamed and not, background and attach, a control, a
-requires_action round trip, and every class of error — all of it the core's, none of it the door's."""
+requires_action round trip, a conversation and its compaction, and every class of error — all of
+it the core's, none of it the door's."""
 
 from __future__ import annotations
 
@@ -142,6 +143,43 @@ async def test_past_capacity_and_while_shutting_down(door: tuple[Door, Any, asyn
     client.gateway.core.front.closing = True
     got, lines = await third.lines("CreateResponse", {"inputText": "more"})
     assert (got, lines[0]["error"]["code"]) == (503, "UNAVAILABLE")
+
+
+async def test_a_conversation_its_items_and_its_compaction() -> None:
+    provider = ScriptedProvider([[Text("Hello, Ada.")], [Text("Ada said hello.")]])
+    async with running_gateway(provider=provider) as client, aiohttp.ClientSession() as session:
+        door = JsonLinesDoor(client.gateway.core.front)
+        await door.start("127.0.0.1:0")
+        await client.gateway.open(door)
+        third = Door(door.url, session)
+        said = {"message": {"role": "ROLE_USER", "content": [{"inputText": {"text": "I am Ada."}}]}}
+        _, created = await third.lines("CreateConversation", {"items": [said], "metadata": {"k": "v"}})
+        conversation = created[0]["conversation"]
+        kept = {"conversationId": conversation["id"]}
+        events = await third.events("CreateResponse", {"inputText": "Greet me.", **kept})
+        assert events[-1].completed.response.conversation_id == conversation["id"]
+        _, listed = await third.lines("ListConversationItems", kept)
+        items = listed[0]["items"]
+        assert [next(iter(i["message"]["content"][0].values()))["text"] for i in items] == [
+            "I am Ada.",
+            "Greet me.",
+            "Hello, Ada.",
+        ]
+        _, got = await third.lines("GetConversationItem", {**kept, "itemId": items[0]["id"]})
+        assert got[0]["item"] == items[0]
+        _, compacted = await third.lines("CompactConversation", kept)
+        assert "Ada said hello." in compacted[0]["summary"]["message"]["content"][0]["inputText"]["text"]
+        assert provider.requests[-1].items[0].message.content[0].input_text.text == "I am Ada."
+        _, updated = await third.lines("UpdateConversation", {**kept, "metadata": {"k": "w"}})
+        assert updated[0]["conversation"]["metadata"] == {"k": "w"}
+        _, left = await third.lines("DeleteConversationItem", {**kept, "itemId": items[0]["id"]})
+        assert left[0]["conversation"]["id"] == conversation["id"]
+        _, added = await third.lines("CreateConversationItems", {**kept, "items": [said]})
+        assert added[0]["firstId"] and not added[0].get("hasMore")
+        _, deleted = await third.lines("DeleteConversation", kept)
+        assert deleted[0] == {**kept, "deleted": True}
+        status, gone = await third.lines("GetConversation", kept)
+        assert (status, gone[0]["error"]["code"]) == (404, "NOT_FOUND")
 
 
 def _tool() -> dict[str, Any]:
