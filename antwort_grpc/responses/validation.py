@@ -122,17 +122,20 @@ def check_id(field: str, value: str, v: list[FieldViolation]) -> None:
         v.append(FieldViolation(field, f"at most {MAX_ID_CHARS} characters"))
 
 
+def _continues(request: pb.CreateResponseRequest) -> bool:
+    return bool(request.previous_response_id or request.conversation_id)
+
+
 def _check_input(request: pb.CreateResponseRequest, limits: Limits, v: list[FieldViolation]) -> None:
     which = request.WhichOneof("input")
-    # What the model starts from when there is no input: an earlier response or a conversation
-    # (whose items may have been added to it directly, as OpenAI's conversations allow).
-    continues = request.previous_response_id or request.conversation_id
+    # Without input the model starts from an earlier response or a conversation (whose items may
+    # have been added to it directly, as OpenAI's conversations allow); read only then.
     if which == "input_text":
-        if not request.input_text.strip() and not continues:
+        if not request.input_text.strip() and not _continues(request):
             v.append(FieldViolation("input_text", "must not be empty"))
         return
     items = request.input_items.items if which == "input_items" else []
-    if not items and not continues:
+    if not items and not _continues(request):
         v.append(
             FieldViolation("input", "required: input_text or input_items (or a previous_response_id or a conversation)")
         )
