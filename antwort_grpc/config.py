@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, TypeVar
 
 from pydantic import Field, PrivateAttr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+Part = TypeVar("Part", bound="DataclassInstance")
 
 
 def _split_commas(value: object) -> object:
@@ -225,6 +230,20 @@ class GatewaySettings(BaseSettings):
 
     def place_worker(self, place: WorkerPlace) -> None:
         self._worker = place
+
+    def part(self, record: type[Part], prefix: str = "", keep: tuple[str, ...] = (), **named: object) -> Part:
+        """The settings record (a dataclass) of one part of the gateway, from these settings: a
+        field given in `named` takes that value, any other the setting `prefix` + its name, and
+        those in `keep` their defaults (what the operator does not set). A field that is none of
+        these is a wiring mistake, refused at start-up (TypeError, as the record itself refuses a
+        missing field) rather than left at its default without a word."""
+        settings = type(self).model_fields
+        values = dict(named)
+        for name in (f.name for f in fields(record) if f.init and f.name not in named and f.name not in keep):
+            if prefix + name not in settings:
+                raise TypeError(f"{record.__name__}.{name}: no setting {prefix + name}")
+            values[name] = getattr(self, prefix + name)
+        return record(**values)
 
     _split = field_validator("executors", "hooks", "jwt_algorithms", mode="before")(_split_commas)
 

@@ -207,10 +207,10 @@ async def build_core(settings: GatewaySettings, parts: Parts) -> Core:
 
 
 def durable_settings(settings: GatewaySettings) -> DurableSettings:
-    return DurableSettings(
-        lease_seconds=settings.background_lease_seconds,
-        log_retention_seconds=settings.background_log_retention_seconds,
-        log_max_bytes=settings.background_log_max_bytes,
+    return settings.part(
+        DurableSettings,
+        "background_",
+        keep=("claim_batch",),
         idempotency_ttl_seconds=settings.idempotency_ttl_seconds,
     )
 
@@ -246,40 +246,18 @@ def principal_limits(settings: GatewaySettings, running_cap: int, authenticates:
 
 
 def request_limits(settings: GatewaySettings) -> Limits:
-    return Limits(
-        max_tools=settings.max_tools,
-        max_schema_bytes=settings.max_schema_bytes,
-        max_schema_depth=settings.max_schema_depth,
-        max_tools_bytes=settings.max_tools_bytes,
-        max_input_items=settings.max_input_items,
-        max_content_parts=settings.max_content_parts,
-        max_metadata=settings.max_metadata,
-        max_request_bytes=settings.max_request_bytes,
-        max_control_items=settings.max_control_items,
-    )
+    return settings.part(Limits)
 
 
 def control_limits(settings: GatewaySettings) -> ControlLimits:
-    return ControlLimits(
-        max_items=settings.max_control_items,
-        max_steers=settings.max_steers,
-        max_steer_bytes=settings.max_steer_bytes,
-        max_follow_ups=settings.max_follow_ups,
-        max_follow_up_bytes=settings.max_follow_up_bytes,
-        max_response_bytes=settings.history_max_bytes,
+    # What a response holds in all, with what controls add, is bounded by the history cap.
+    return settings.part(
+        ControlLimits, max_items=settings.max_control_items, max_response_bytes=settings.history_max_bytes
     )
 
 
 def server_limits(settings: GatewaySettings) -> ServerLimits:
-    return ServerLimits(
-        max_turns=settings.max_turns,
-        max_tool_calls=settings.max_tool_calls,
-        max_duration=settings.max_duration,
-        max_output_tokens=settings.max_output_tokens,
-        max_tool_timeout=settings.executor_call_timeout,
-        context_max_items=settings.context_max_items,
-        context_max_tokens=settings.context_max_tokens,
-    )
+    return settings.part(ServerLimits, max_tool_timeout=settings.executor_call_timeout)
 
 
 async def start_hooks(settings: GatewaySettings) -> Dispatcher | None:

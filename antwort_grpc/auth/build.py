@@ -26,15 +26,12 @@ def _build(settings: GatewaySettings) -> Authenticator | None:
         return ApiKeyFile(settings.api_keys_file)
     if settings.auth == "jwt":
         return JwtAuthenticator(
-            JwtSettings(
-                issuer=settings.jwt_issuer,
-                audience=settings.jwt_audience,
+            settings.part(
+                JwtSettings,
+                "jwt_",
+                keep=("required",),
                 algorithms=tuple(settings.jwt_algorithms),
-                principal_claim=settings.jwt_principal_claim,
-                tenant_claim=settings.jwt_tenant_claim,
                 leeway=settings.jwt_leeway_seconds,
-                jwks=settings.jwt_jwks,
-                public_key_file=settings.jwt_public_key_file,
                 jwks_min_refresh=settings.jwt_jwks_refresh_seconds,
             )
         )

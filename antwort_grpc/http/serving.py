@@ -18,15 +18,15 @@ SETTING = "--http-listen / ANTWORT_HTTP_LISTEN"
 
 
 def door_settings(settings: GatewaySettings) -> DoorSettings:
-    return DoorSettings(
-        max_body_bytes=settings.http_max_body_bytes,
-        idle_timeout=settings.http_idle_timeout,
+    return settings.part(
+        DoorSettings,
+        "http_",
+        keep=("pressure_idle_timeout",),
+        # TLS as the gRPC port's; the port shared with the other workers.
         tls_cert=settings.tls_cert,
         tls_key=settings.tls_key,
         tls_client_ca=settings.tls_client_ca,
         reuse_port=settings.worker is not None,
-        max_connections=settings.http_max_connections,
-        max_connections_per_peer=settings.http_max_connections_per_peer,
     )
 
 

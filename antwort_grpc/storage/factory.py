@@ -21,11 +21,11 @@ DEFAULT_FILE = "antwort.db"
 
 
 def options_from(settings: GatewaySettings) -> StoreOptions:
-    return StoreOptions(
+    return settings.part(
+        StoreOptions,
+        keep=("instance_id", "clock"),
         ttl_seconds=settings.response_ttl_seconds,
         maintenance_interval=settings.store_maintenance_seconds,
-        memory_max_responses=settings.memory_max_responses,
-        memory_max_bytes=settings.memory_max_bytes,
     )
 
 
