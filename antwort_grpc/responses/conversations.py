@@ -18,6 +18,7 @@ from antwort_grpc import pb
 from antwort_grpc.engine.request import input_items
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument, not_found
 from antwort_grpc.ids import new_id
+from antwort_grpc.responses.pages import item_list, page_limit
 from antwort_grpc.responses.validation import check_id, check_item
 from antwort_grpc.storage.conversations import ConversationStore, Entry
 
@@ -100,9 +101,7 @@ class Conversations:
         self, request: pb.ListConversationItemsRequest, owner: str, *, descending_by_default: bool = False
     ) -> pb.ListConversationItemsResponse:
         _require_id(request.conversation_id)
-        limit = request.limit or 20
-        if not 1 <= limit <= 100:
-            raise invalid_argument([FieldViolation("limit", "must be between 1 and 100")])
+        limit = page_limit(request.limit)
         order = request.order
         descending = order == pb.ListOrder.LIST_ORDER_DESC or (
             order == pb.ListOrder.LIST_ORDER_UNSPECIFIED and descending_by_default
@@ -112,13 +111,7 @@ class Conversations:
         )
         if page is None:
             raise _missing(request.conversation_id)
-        items = page.items
-        return pb.ListConversationItemsResponse(
-            items=items,
-            first_id=items[0].id if items else "",
-            last_id=items[-1].id if items else "",
-            has_more=page.has_more,
-        )
+        return item_list(pb.ListConversationItemsResponse, page.items, page.has_more)
 
     async def add_items(
         self, request: pb.CreateConversationItemsRequest, owner: str
@@ -132,9 +125,7 @@ class Conversations:
             raise invalid_argument(v)
         if not await self.kept.append(request.conversation_id, [Entry(item) for item in items], owner):
             raise _missing(request.conversation_id)
-        return pb.CreateConversationItemsResponse(
-            items=items, first_id=items[0].id, last_id=items[-1].id, has_more=False
-        )
+        return item_list(pb.CreateConversationItemsResponse, items)
 
     async def get_item(self, conversation_id: str, item_id: str, owner: str) -> pb.Item:
         _require_id(conversation_id, item_id)

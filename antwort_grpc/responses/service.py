@@ -24,6 +24,7 @@ from antwort_grpc.responses.admission import hook_run
 from antwort_grpc.responses.controls import check_control
 from antwort_grpc.responses.conversations import check_conversation
 from antwort_grpc.responses.files import has_files, read_files
+from antwort_grpc.responses.pages import item_list, page_limit
 from antwort_grpc.responses.references import references, resolve_references
 from antwort_grpc.responses.request_limits import DEFAULT_LIMITS, Limits
 from antwort_grpc.responses.servable import check_servable
@@ -129,21 +130,12 @@ class Responses:
         self, response_id: str, *, limit: int, after: str, descending: bool, owner: str = ""
     ) -> pb.ListInputItemsResponse:
         _require_id(response_id)
-        limit = limit or 20
-        if not 1 <= limit <= 100:
-            raise invalid_argument([FieldViolation("limit", "must be between 1 and 100")])
         page = await self.store.list_input_items(
-            response_id, limit=limit, after=after, descending=descending, owner=owner
+            response_id, limit=page_limit(limit), after=after, descending=descending, owner=owner
         )
         if page is None:
             raise not_found("response", response_id, "response_id")
-        items = page.items
-        return pb.ListInputItemsResponse(
-            items=items,
-            first_id=items[0].id if items else "",
-            last_id=items[-1].id if items else "",
-            has_more=page.has_more,
-        )
+        return item_list(pb.ListInputItemsResponse, page.items, page.has_more)
 
     async def cancel(self, response_id: str, owner: str = "") -> pb.Response:
         """Stop a response wherever it runs; the response once stored as stopped."""
