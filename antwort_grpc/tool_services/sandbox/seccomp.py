@@ -41,43 +41,27 @@ MAP_SHARED, MAP_SHARED_VALIDATE, MAP_ANONYMOUS = 0x01, 0x03, 0x20
 
 EPERM, EACCES = errno.EPERM, errno.EACCES
 
-# The syscalls the filter names, per architecture.
-SYSCALLS: dict[str, dict[str, int]] = {
-    "x86_64": {
-        "socket": 41, "connect": 42, "bind": 49, "sendto": 44, "socketpair": 53,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-        "setsid": 112, "setpgid": 109, "tkill": 200, "pidfd_send_signal": 424, "pidfd_open": 434,
-        "kill": 62, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
-        "fcntl": 72, "ioctl": 16, "mmap": 9,
-        "prlimit64": 302, "setpriority": 141, "ioprio_set": 251, "sched_setaffinity": 203,
-        "sched_setscheduler": 144, "sched_setparam": 142, "sched_setattr": 314,
-        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_getfd": 438, "kcmp": 312,
-        "perf_event_open": 298, "migrate_pages": 256, "move_pages": 279, "process_madvise": 440,
-        "process_mrelease": 448,
-        "memfd_create": 319, "memfd_secret": 447,
-        "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "semget": 64, "semop": 65, "semctl": 66,
-        "semtimedop": 220, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
-        "mq_open": 240, "mq_unlink": 241, "seccomp": 317,
-        "vmsplice": 278, "splice": 275, "tee": 276, "sendfile": 40,
-    },
-    "aarch64": {
-        "socket": 198, "connect": 203, "bind": 200, "sendto": 206, "socketpair": 199,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-        "setsid": 157, "setpgid": 154, "tkill": 130, "pidfd_send_signal": 424, "pidfd_open": 434,
-        "kill": 129, "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
-        "fcntl": 25, "ioctl": 29, "mmap": 222,
-        "prlimit64": 261, "setpriority": 140, "ioprio_set": 30, "sched_setaffinity": 122,
-        "sched_setscheduler": 119, "sched_setparam": 118, "sched_setattr": 274,
-        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438, "kcmp": 272,
-        "perf_event_open": 241, "migrate_pages": 238, "move_pages": 239, "process_madvise": 440,
-        "process_mrelease": 448,
-        "memfd_create": 279, "memfd_secret": 447,
-        "shmget": 194, "shmat": 196, "shmctl": 195, "shmdt": 197, "semget": 190, "semop": 193, "semctl": 191,
-        "semtimedop": 192, "msgget": 186, "msgsnd": 189, "msgrcv": 188, "msgctl": 187,
-        "mq_open": 180, "mq_unlink": 181, "seccomp": 277,
-        "vmsplice": 75, "splice": 76, "tee": 77, "sendfile": 71,
-    },
+# The syscalls the filter names: their numbers on each machine of MACHINES, in that order.
+MACHINES = ("x86_64", "aarch64")
+NUMBERS: dict[str, tuple[int, int]] = {
+    "socket": (41, 198), "connect": (42, 203), "bind": (49, 200), "sendto": (44, 206), "socketpair": (53, 199),
+    "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
+    "setsid": (112, 157), "setpgid": (109, 154), "tkill": (200, 130), "pidfd_send_signal": (424, 424),
+    "pidfd_open": (434, 434), "kill": (62, 129), "tgkill": (234, 131), "rt_sigqueueinfo": (129, 138),
+    "rt_tgsigqueueinfo": (297, 240),
+    "fcntl": (72, 25), "ioctl": (16, 29), "mmap": (9, 222),
+    "prlimit64": (302, 261), "setpriority": (141, 140), "ioprio_set": (251, 30), "sched_setaffinity": (203, 122),
+    "sched_setscheduler": (144, 119), "sched_setparam": (142, 118), "sched_setattr": (314, 274),
+    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "pidfd_getfd": (438, 438),
+    "kcmp": (312, 272), "perf_event_open": (298, 241), "migrate_pages": (256, 238), "move_pages": (279, 239),
+    "process_madvise": (440, 440), "process_mrelease": (448, 448),
+    "memfd_create": (319, 279), "memfd_secret": (447, 447),
+    "shmget": (29, 194), "shmat": (30, 196), "shmctl": (31, 195), "shmdt": (67, 197), "semget": (64, 190),
+    "semop": (65, 193), "semctl": (66, 191), "semtimedop": (220, 192), "msgget": (68, 186), "msgsnd": (69, 189),
+    "msgrcv": (70, 188), "msgctl": (71, 187), "mq_open": (240, 180), "mq_unlink": (241, 181),
+    "seccomp": (317, 277), "vmsplice": (278, 75), "splice": (275, 76), "tee": (276, 77), "sendfile": (40, 71),
 }  # fmt: skip
+SYSCALLS = {machine: {name: numbers[i] for name, numbers in NUMBERS.items()} for i, machine in enumerate(MACHINES)}
 
 # Denied outright -> errno. socket(2) is the network (every family: a Unix socket path can reach a
 # host daemon), and connect/bind have nothing legitimate to work on without it; io_uring can open
