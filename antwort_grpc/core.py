@@ -188,13 +188,17 @@ async def build_core(settings: GatewaySettings, parts: Parts) -> Core:
         admits,
         ConcurrencyLimit(background) if background else None,
     )
+    responses = Responses(engine, store, request_limits(settings), capabilities_of(parts.provider))
     runlog = getattr(parts.store, "runlog", None)
-    # A run taken over from another replica counts against this one's admission (the edge).
-    durable = DurableParts(runlog, durable_settings(settings), edge) if isinstance(runlog, RunLog) else None
-    responses = Responses(engine, store, request_limits(settings), capabilities_of(parts.provider), durable)
-    core = Core(
-        provider, store, executors, engine, responses, edge, authenticator, observability, durable=responses.durable
+    # Background responses and idempotency keys, over the responses layer's creates; not offered
+    # with a store that keeps no run log. A run taken over from another replica counts against
+    # this one's admission (the edge).
+    durable = (
+        Durability(responses, DurableParts(runlog, durable_settings(settings), edge))
+        if isinstance(runlog, RunLog)
+        else None
     )
+    core = Core(provider, store, executors, engine, responses, edge, authenticator, observability, durable=durable)
     core.front = Front(
         responses,
         edge,

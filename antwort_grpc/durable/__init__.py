@@ -12,7 +12,7 @@ idempotency keys, and runs that survive their replica.
 
 What the store keeps is its part (storage/runlog.py: four small protocols — event log,
 checkpoints, leases, idempotency keys — each implemented by the memory, SQLite and PostgreSQL
-stores); what a resumed run starts with is the engine's (engine/durable.py). The responses layer
-builds its `Durability` from the `DurableParts` the composition root gives it; the front (front/)
-decides what a durable create answers, for every door.
+stores); what a resumed run starts with is the engine's (engine/durable.py). The composition root
+(core.py) builds the `Durability` over the responses layer's creates, from `DurableParts`; the front
+(front/) decides what a durable create answers, for every door.
 """

@@ -15,7 +15,6 @@ import hashlib
 import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
 
 import grpc
 
@@ -24,11 +23,11 @@ from antwort_grpc.durable.attach import check_attach, follow, follow_pages
 from antwort_grpc.durable.runner import Runner, snapshot
 from antwort_grpc.durable.settings import DurableSettings
 from antwort_grpc.durable.takeover import Admits, Background
-from antwort_grpc.engine import Engine
 from antwort_grpc.engine.run import Run
 from antwort_grpc.errors import RESOURCE_TYPES, FieldViolation, RequestError, Resource, invalid_argument
 from antwort_grpc.hooks.service import Caller
-from antwort_grpc.storage.base import RUNNING, ResponseStore
+from antwort_grpc.responses.service import Responses
+from antwort_grpc.storage.base import RUNNING
 from antwort_grpc.storage.runlog import RunLog
 
 __all__ = ["IDEMPOTENCY_KEY", "Begun", "Durability", "DurableParts", "digest", "idempotency_key", "snapshot"]
@@ -114,39 +113,10 @@ class Begun:
     logged: bool = False
 
 
-class Creates(Protocol):
-    """What a durable create asks of the responses layer (responses/service.py), which builds the
-    durable part with itself as this."""
-
-    engine: Engine
-    store: ResponseStore
-
-    async def check(self, request: pb.CreateResponseRequest) -> None:
-        """Refuse a create that could never start (INVALID_ARGUMENT and the like)."""
-        ...
-
-    async def create(
-        self,
-        request: pb.CreateResponseRequest,
-        *,
-        owner: str = "",
-        timeout: float | None = None,
-        controller: bool = False,
-        caller: Caller | None = None,
-        response_id: str = "",
-    ) -> Run:
-        """A started, stored response under `response_id`."""
-        ...
-
-    def require_id(self, response_id: str) -> None:
-        """INVALID_ARGUMENT unless `response_id` is one."""
-        ...
-
-
 @dataclass(frozen=True, slots=True)
 class DurableParts:
-    """What the composition root gives the responses layer to offer durable runs with: the store's
-    run log, the settings, and what a run taken over counts against here."""
+    """What the composition root builds durable runs with, over the responses layer: the store's run
+    log, the settings, and what a run taken over counts against here."""
 
     runlog: RunLog
     settings: DurableSettings
@@ -154,7 +124,7 @@ class DurableParts:
 
 
 class Durability:
-    def __init__(self, responses: Creates, parts: DurableParts) -> None:
+    def __init__(self, responses: Responses, parts: DurableParts) -> None:
         self.responses = responses
         self.runlog = parts.runlog
         self.settings = parts.settings

@@ -14,7 +14,6 @@ import contextlib
 import grpc
 
 from antwort_grpc import pb
-from antwort_grpc.durable.creates import Durability, DurableParts
 from antwort_grpc.engine import Engine
 from antwort_grpc.engine.run import Run
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument, not_found
@@ -46,16 +45,12 @@ class Responses:
         store: ResponseStore,
         limits: Limits = DEFAULT_LIMITS,
         served: Capabilities | None = None,
-        durable: DurableParts | None = None,
     ) -> None:
         self.engine = engine
         self.store = store
         self.limits = limits
         # What the model backend is known not to do: refused before a response is created.
         self.served = served or Capabilities()
-        # Background responses and idempotency keys (antwort_grpc/durable), over this layer's
-        # creates; None: the store keeps no run log, they are not offered.
-        self.durable = Durability(self, durable) if durable is not None else None
 
     @property
     def hooked(self) -> bool:
@@ -73,7 +68,7 @@ class Responses:
         response_id: str = "",
     ) -> Run:
         """A started (and stored) response; iterate `run.events()` to run it. `response_id`: the
-        id to give it (responses/durable.py binds an idempotency key to it first)."""
+        id to give it (durable/creates.py binds an idempotency key to it first)."""
         await self.check(request)
         server = self.engine.server_limits
         if request.WhichOneof("input") == "input_items" and (positions := references(request)):
