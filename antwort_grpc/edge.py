@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -293,21 +294,14 @@ class Watch:
         self._edge.refused(self._method, error)
 
 
+@dataclass(eq=False)
 class Edge:
-    def __init__(
-        self,
-        authenticator: Authenticator | None = None,
-        limit: ConcurrencyLimit | None = None,
-        observer: Observer | None = None,
-        admission: Admission | None = None,
-        background: ConcurrencyLimit | None = None,
-    ) -> None:
-        self.authenticator = authenticator
-        self.limit = limit
-        self.observer = observer
-        self.admission = admission or Admission()
-        # How many background responses each principal runs at once (None: no limit of its own).
-        self.background = background
+    authenticator: Authenticator | None = None
+    limit: ConcurrencyLimit | None = None
+    observer: Observer | None = None
+    admission: Admission = field(default_factory=Admission)
+    # How many background responses each principal runs at once (None: no limit of its own).
+    background: ConcurrencyLimit | None = None
 
     def background_slot(self, method: str, identity: Identity | None) -> Callable[[], None]:
         """A place among the principal's background runs, held until what this returns is

@@ -52,21 +52,14 @@ class _Workdir:
     main: str
 
 
+@dataclass(slots=True, eq=False)
 class Runner:
-    def __init__(
-        self,
-        isolation: Isolation,
-        limits: Limits,
-        files: FilePolicy,
-        workdir_root: str | None,
-        cgroups: CallCgroups | None = None,
-    ) -> None:
-        self.isolation = isolation
-        self.limits = limits
-        self.files = files
-        self.workdir_root = workdir_root
-        # Per-call cgroups where the service may make them; else the memory watcher.
-        self.cgroups = cgroups
+    isolation: Isolation
+    limits: Limits
+    files: FilePolicy
+    workdir_root: str | None
+    # Per-call cgroups where the service may make them; else the memory watcher.
+    cgroups: CallCgroups | None = None
 
     async def run(self, code: str, progress: ProgressSink) -> Outcome:
         workdir = await asyncio.to_thread(self._make_workdir, code)
