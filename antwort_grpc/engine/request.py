@@ -20,6 +20,10 @@ _PREFIX = {
     "approval_response": "apres",
 }
 
+# Optional settings a Response echoes under the request's own names, each only when it is set.
+_SCALARS_IF_SET = ("max_output_tokens", "temperature", "top_p", "presence_penalty", "frequency_penalty", "top_logprobs")
+_MESSAGES_IF_SET = ("tool_choice", "text")
+
 
 def input_items(request: pb.CreateResponseRequest) -> list[pb.Item]:
     """The request's input as items with ids; a plain string becomes one user message."""
@@ -68,30 +72,21 @@ def new_response(
     if request.metadata:
         response.metadata.update(request.metadata)
     response.created_at.FromNanoseconds(time.time_ns())
-    if request.HasField("tool_choice"):
-        response.tool_choice.CopyFrom(request.tool_choice)
-    if request.HasField("max_output_tokens"):
-        response.max_output_tokens = request.max_output_tokens
-    if request.HasField("temperature"):
-        response.temperature = request.temperature
-    if request.HasField("top_p"):
-        response.top_p = request.top_p
-    if request.HasField("text"):
-        response.text.CopyFrom(request.text)
-    _echo_passed_through(request, response)
+    _echo_settings(request, response)
     return response
 
 
-def _echo_passed_through(request: pb.CreateResponseRequest, response: pb.Response) -> None:
-    """The settings passed to the backend as they are, and the tool-call limit, echoed."""
+def _echo_settings(request: pb.CreateResponseRequest, response: pb.Response) -> None:
+    """The optional settings the request set (unset stays unset), those passed to the backend as
+    they are, and the tool-call limit, echoed."""
+    for name in _SCALARS_IF_SET:
+        if request.HasField(name):
+            setattr(response, name, getattr(request, name))
+    for name in _MESSAGES_IF_SET:
+        if request.HasField(name):
+            getattr(response, name).CopyFrom(getattr(request, name))
     if request.reasoning.effort:
         response.reasoning.effort = request.reasoning.effort
     response.prompt_cache_key = request.prompt_cache_key
-    if request.HasField("presence_penalty"):
-        response.presence_penalty = request.presence_penalty
-    if request.HasField("frequency_penalty"):
-        response.frequency_penalty = request.frequency_penalty
-    if request.HasField("top_logprobs"):
-        response.top_logprobs = request.top_logprobs
     if request.limits.HasField("max_tool_calls"):
         response.max_tool_calls = request.limits.max_tool_calls
