@@ -31,6 +31,7 @@ from antwort_grpc.hooks.dispatch import (
     HookRun,
     ModelDecision,
     Paused,
+    Problems,
     ToolDecision,
 )
 from antwort_grpc.hooks.service import Point
@@ -97,10 +98,7 @@ class HookPoints:
         return make() if make is not None else ""
 
     async def admit(
-        self,
-        request: pb.CreateResponseRequest,
-        problems: Callable[[pb.CreateResponseRequest], list[str]],
-        first: TurnRequest | None,
+        self, request: pb.CreateResponseRequest, problems: Problems, first: TurnRequest | None
     ) -> pb.CreateResponseRequest:
         """The before-response hooks: the request to run."""
         return request
@@ -210,7 +208,6 @@ class HookGate(HookPoints):
         return self.run.calls, self.run.failed, self.run.seconds
 
     def item_id(self, call_id: str, make: Callable[[], str] | None = None) -> str:
-        """The id of the output item of `call_id` made ahead ("" when none was); `make` makes one."""
         if make is not None:
             return self._item_ids.setdefault(call_id, make())
         return self._item_ids.pop(call_id, "")
@@ -218,10 +215,7 @@ class HookGate(HookPoints):
     # -- before the response and each model call -------------------------------------------------
 
     async def admit(
-        self,
-        request: pb.CreateResponseRequest,
-        problems: Callable[[pb.CreateResponseRequest], list[str]],
-        first: TurnRequest | None,
+        self, request: pb.CreateResponseRequest, problems: Problems, first: TurnRequest | None
     ) -> pb.CreateResponseRequest:
         """The before-response hooks: the request to run (HookRejected, HookFailed to refuse it).
         `first`: the first model call, when the response starts with one: its hooks are asked

@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -48,7 +48,7 @@ from antwort_grpc.engine.turn_rules import Screened
 from antwort_grpc.engine.window import UNLIMITED, ContextWindow
 from antwort_grpc.errors import FieldViolation, RequestError, invalid_argument
 from antwort_grpc.executors.base import ToolExecutor, current_deadline
-from antwort_grpc.hooks.dispatch import Dispatcher, HookFailed, HookRejected, HookRun
+from antwort_grpc.hooks.dispatch import Dispatcher, HookFailed, HookRejected, HookRun, Problems
 from antwort_grpc.hooks.service import Point
 from antwort_grpc.offload import off_loop
 from antwort_grpc.providers.base import Provider, ProviderError, TurnRequest
@@ -130,7 +130,7 @@ class Engine:
         timeout: float | None = None,
         controller: bool = False,
         hook_run: HookRun | None = None,
-        problems: Callable[[pb.CreateResponseRequest], list[str]] = lambda _: [],
+        problems: Problems = lambda _: [],
         response_id: str = "",
     ) -> Run:
         """Prepare and store a new response; iterate `run.events()` to run it. Raises RequestError
@@ -219,7 +219,7 @@ class Engine:
         owner: str,
         controller: bool,
         hook_run: HookRun | None,
-        problems: Callable[[pb.CreateResponseRequest], list[str]],
+        problems: Problems,
         response_id: str = "",
     ) -> Run:
         """The response prepared and past the before-response hooks, which may refuse the request

@@ -42,6 +42,7 @@ from antwort_grpc.hooks.steps import (
     HookFailure,
     HookRejected,
     ModelDecision,
+    Problems,
     Step,
     ToolDecision,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "HookRun",
     "ModelDecision",
     "Paused",
+    "Problems",
     "ToolDecision",
     "ToolsDecision",
 ]
@@ -130,10 +132,7 @@ class Dispatcher:
     # -- the points -------------------------------------------------------------------------------
 
     async def before_response(
-        self,
-        run: HookRun,
-        request: pb.CreateResponseRequest,
-        problems: Callable[[pb.CreateResponseRequest], list[str]],
+        self, run: HookRun, request: pb.CreateResponseRequest, problems: Problems
     ) -> pb.CreateResponseRequest:
         """The request to run (changed by hooks); HookRejected or HookFailed to refuse it.
         `problems` validates a replaced request: a hook's invalid request is its failure."""
@@ -145,7 +144,7 @@ class Dispatcher:
         self,
         run: HookRun,
         request: pb.CreateResponseRequest,
-        problems: Callable[[pb.CreateResponseRequest], list[str]],
+        problems: Problems,
         first: pb.ModelCall,
         pause: bool,
     ) -> tuple[pb.CreateResponseRequest, Paused | ModelDecision | None]:

@@ -119,12 +119,15 @@ class Step:
         raise HookFailed(failure)
 
 
+# What is wrong with a request, as the responses layer validates one: the request a
+# before-response hook returns is checked with it, and is that hook's failure when it has problems.
+Problems = Callable[[pb.CreateResponseRequest], list[str]]
+
+
 class BeforeResponse(Step):
     point = P.HOOK_POINT_BEFORE_RESPONSE
 
-    def __init__(
-        self, request: pb.CreateResponseRequest, problems: Callable[[pb.CreateResponseRequest], list[str]]
-    ) -> None:
+    def __init__(self, request: pb.CreateResponseRequest, problems: Problems) -> None:
         self.request = request
         self.problems = problems
 
