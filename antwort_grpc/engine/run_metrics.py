@@ -27,9 +27,6 @@ class RunRecorder:
     model_calls: int = 0
     model_seconds: float = 0.0
     tool_seconds: float = 0.0
-    hook_calls: int = 0
-    hook_failures: int = 0
-    hook_seconds: float = 0.0
     tools: dict[str, _Tool] = field(default_factory=dict)
     # Per model call: turn, (input, output, total) tokens, seconds, answered by a hook.
     turn_metrics: list[tuple[int, tuple[int, int, int], float, bool]] = field(default_factory=list)
@@ -71,7 +68,7 @@ class RunRecorder:
     def write(self, metrics: pb.RunMetrics, hooks: tuple[int, int, float] = (0, 0, 0.0)) -> None:
         """Into `metrics`, replacing what it held; `hooks`: the hook calls, failures and seconds
         so far (the hooks' own run keeps the running sums)."""
-        self.hook_calls, self.hook_failures, self.hook_seconds = hooks
+        hook_calls, hook_failures, hook_seconds = hooks
         metrics.Clear()
         metrics.turns = self.turns
         metrics.model_calls = self.model_calls
@@ -81,9 +78,9 @@ class RunRecorder:
             metrics.tool_timeouts = sum(t.timeouts for t in self.tools.values())
         _set(metrics.model_time, self.model_seconds)
         _set(metrics.tool_time, self.tool_seconds)
-        _set(metrics.hook_time, self.hook_seconds)
-        metrics.hook_calls = self.hook_calls
-        metrics.hook_failures = self.hook_failures
+        _set(metrics.hook_time, hook_seconds)
+        metrics.hook_calls = hook_calls
+        metrics.hook_failures = hook_failures
         _set(metrics.duration, time.perf_counter() - self.started)
         for name, tool in self.tools.items():
             entry = metrics.tools.add(name=name, calls=tool.calls, errors=tool.errors, timeouts=tool.timeouts)
