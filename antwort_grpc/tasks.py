@@ -1,10 +1,11 @@
-"""Background tasks: how every part (stores, remote executors, hook clients) stops one."""
+"""Background tasks: how every part (stores, remote executors, hook clients) stops one, and the
+`async with` of a part that is started and closed."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import Any, Self
 
 
 async def stop_task(task: asyncio.Task[Any] | None) -> None:
@@ -14,3 +15,21 @@ async def stop_task(task: asyncio.Task[Any] | None) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+class Started:
+    """A part that is started before use and closed after: `async with` does both (the close also
+    when the block fails)."""
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -23,7 +23,6 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import grpc
@@ -31,7 +30,7 @@ from grpc_health.v1 import health_pb2
 
 from antwort_grpc import pb
 from antwort_grpc.executors.base import ProgressSink, current_deadline
-from antwort_grpc.tasks import stop_task
+from antwort_grpc.tasks import Started, stop_task
 from antwort_grpc.tracing import metadata as trace_metadata
 
 log = logging.getLogger(__name__)
@@ -96,7 +95,7 @@ class _Catalog:
         self.idempotent = {t.function.name for t in info.tools if t.idempotent}
 
 
-class RemoteExecutor:
+class RemoteExecutor(Started):
     """A ToolExecutor and HostedToolSource backed by one ToolExecutorService target.
 
     How a request's tool reaches it:
@@ -149,15 +148,6 @@ class RemoteExecutor:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
-
-    async def __aenter__(self) -> RemoteExecutor:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     async def attach_health(self, health: Any) -> None:
         """Report this service's health under `health_name` in the gateway's health service."""

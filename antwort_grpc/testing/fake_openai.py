@@ -18,11 +18,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
 
+from antwort_grpc.tasks import Started
 from antwort_grpc.testing.fake_openai_script import (
     Reply,
     Script,
@@ -42,7 +42,7 @@ class ReceivedRequest:
     body: dict[str, Any]
 
 
-class FakeOpenAI:
+class FakeOpenAI(Started):
     """`async with FakeOpenAI(Reply(text="hi")) as fake:` then point a provider at `fake.url`."""
 
     def __init__(
@@ -157,19 +157,10 @@ class FakeOpenAI:
         self._bound_port = sock.getsockname()[1]
         await web.SockSite(self._runner, sock, backlog=self._backlog).start()
 
-    async def stop(self) -> None:
+    async def close(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-
-    async def __aenter__(self) -> FakeOpenAI:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
 
     def _take(self) -> Reply | None:
         if self._next >= len(self._queue):
@@ -379,7 +370,7 @@ async def _serve(args: argparse.Namespace, script: Script) -> None:
     try:
         await asyncio.Event().wait()
     finally:
-        await fake.stop()
+        await fake.close()
 
 
 def main() -> None:

@@ -126,7 +126,7 @@ async def test_backend_failures_end_failed_with_their_code(fake: FakeOpenAI, rep
 async def test_connection_refused_fails_backend_unavailable() -> None:
     fake = FakeOpenAI()
     await fake.start()
-    await fake.stop()  # the port is free again: nothing listens there
+    await fake.close()  # the port is free again: nothing listens there
     async with gateway_on(fake, max_retries=1) as gw:
         response = final(await gw.stream(user("x")))
     assert response.status == S.RESPONSE_STATUS_FAILED and response.error.code == "backend_unavailable"
@@ -178,7 +178,7 @@ async def test_health_reports_an_unreachable_backend(fake: FakeOpenAI) -> None:
     provider = OpenAICompatProvider(BackendConfig(base_url=fake.url))
     try:
         assert (await provider.check_health()).ok
-        await fake.stop()
+        await fake.close()
         health = await provider.check_health()
     finally:
         await provider.aclose()
