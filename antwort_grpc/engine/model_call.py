@@ -33,12 +33,11 @@ from antwort_grpc.providers.base import (
     TurnEnd,
     TurnRequest,
 )
-from antwort_grpc.providers.coalesce import max_hold_of, merge_deltas
+from antwort_grpc.providers.coalesce import MERGEABLE, max_hold_of, merge_deltas
 
 ITEM_COMPLETED: int = pb.ItemStatus.ITEM_STATUS_COMPLETED
 ITEM_INCOMPLETE: int = pb.ItemStatus.ITEM_STATUS_INCOMPLETE
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
-_MERGEABLE = (TextDelta, ReasoningDelta, RefusalDelta, ToolCallDelta)
 AUTO: int = pb.Truncation.TRUNCATION_AUTO
 # What the reading task puts last on the channel when the stream ended without a TurnEnd.
 _ENDED = object()
@@ -254,7 +253,7 @@ def _merge_waiting(channel: Channel) -> None:
     waiting = channel.take_all()
     deltas: list[ProviderEvent] = []
     for item in waiting:
-        if isinstance(item, _MERGEABLE):
+        if isinstance(item, MERGEABLE):
             deltas.append(item)
             continue
         channel.extend(merge_deltas(deltas))

@@ -32,12 +32,13 @@ def max_hold_of(request: pb.CreateResponseRequest) -> float:
 
 # Tuples, not unions: isinstance with a tuple is the cheaper check, and these run per chunk.
 _TEXTS = (TextDelta, ReasoningDelta, RefusalDelta)
-_DELTAS = (*_TEXTS, ToolCallDelta)
+# The deltas that may be joined with the next of their part (a turn's end never is).
+MERGEABLE = (*_TEXTS, ToolCallDelta)
 
 
 def mergeable(event: ProviderEvent) -> bool:
     """Whether more of the same part could still be joined to `event`."""
-    return isinstance(event, _DELTAS)
+    return isinstance(event, MERGEABLE)
 
 
 def merge_deltas(events: list[ProviderEvent], limit: int = MAX_MERGED) -> list[ProviderEvent]:
