@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf.message import Message
 
@@ -76,7 +77,7 @@ class HookRun:
     calls: int = 0
     failed: int = 0
     seconds: float = 0.0
-    held: dict[int, list[Step]] = field(default_factory=dict)
+    held: dict[int, list[Step[Any]]] = field(default_factory=dict)
     sending: set[asyncio.Task[None]] = field(default_factory=set)
     # A fail-closed failure of an observation sent on its own: the response fails at its next point.
     closed: HookFailure | None = None
@@ -108,7 +109,7 @@ class ToolsDecision:
 
 @dataclass(frozen=True, slots=True)
 class _Ask:
-    step: Step
+    step: Step[Any]
     request: Message
 
 
@@ -180,7 +181,7 @@ class Dispatcher:
         return sum(1 for h in self.hooks if any(h.wants(p) for p in points)) == 1
 
     async def _ahead(
-        self, run: HookRun, step: Step, call: pb.ModelCall, turn: int, pause: bool, tool_point: bool = False
+        self, run: HookRun, step: Step[Any], call: pb.ModelCall, turn: int, pause: bool, tool_point: bool = False
     ) -> Paused | ModelDecision | None:
         """`step`, then the pause check at the boundary after `turn` (when `pause`) and the next
         model call's hooks in the same exchange, unless the step's answer changed what that call
@@ -238,7 +239,7 @@ class Dispatcher:
         gates = [steps.ApproveTool(call, tool) for call, tool in calls] if self.wants(P.HOOK_POINT_APPROVE_TOOL) else []
         gate_of = {g.call_id: g for g in gates}
         tools = [steps.BeforeTool(call, tool, gate_of.get(call.call_id)) for call, tool in calls if ahead(call)]
-        plan: list[Step] = [check] if check else []
+        plan: list[Step[Any]] = [check] if check else []
         plan += gates
         plan += tools
         await self._plan(run, plan)
@@ -298,7 +299,7 @@ class Dispatcher:
 
     # -- plans and exchanges ------------------------------------------------------------------------
 
-    async def _plan(self, run: HookRun, plan: Sequence[Step], tool_point: bool = False) -> None:
+    async def _plan(self, run: HookRun, plan: Sequence[Step[Any]], tool_point: bool = False) -> None:
         """Ask the hooks the plan's steps: in one exchange when one hook is at all of them, else
         step by step and hook by hook. Returns early when a step's answer ends the plan."""
         if not tool_point:
@@ -313,13 +314,13 @@ class Dispatcher:
             # A held observation that went with this exchange and failed closed.
             run.raise_closed()
 
-    async def _in_turn(self, run: HookRun, at: list[int], plan: Sequence[Step]) -> None:
+    async def _in_turn(self, run: HookRun, at: list[int], plan: Sequence[Step[Any]]) -> None:
         for step in plan:
             for index in at:
                 if self.hooks[index].wants(step.point) and await self._chain(run, index, [step]):
                     return
 
-    async def _chain(self, run: HookRun, index: int, plan: list[Step]) -> bool:
+    async def _chain(self, run: HookRun, index: int, plan: list[Step[Any]]) -> bool:
         """One hook's steps, in as few exchanges as its answers allow; True when one ended the plan."""
         hook = self.hooks[index]
         while plan:

@@ -14,6 +14,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from google.protobuf.message import Message
 
@@ -99,7 +100,12 @@ class Approval:
     hook: str
 
 
-class Step:
+# The answer a step takes: its point's answer type (the dispatcher refuses any other answer before
+# a step sees it).
+A = TypeVar("A", bound=Message)
+
+
+class Step(Generic[A]):
     point: int
     call_id: str = ""
     # The answer changed what the steps asked ahead of it were built from.
@@ -108,10 +114,10 @@ class Step:
     def ask(self, context: pb.HookContext) -> Message | None:
         raise NotImplementedError
 
-    def check(self, reply: Message) -> None:
+    def check(self, reply: A) -> None:
         """Raise Garbage for an answer that cannot be applied."""
 
-    def take(self, hook: str, reply: Message | None) -> bool:
+    def take(self, hook: str, reply: A | None) -> bool:
         """Take an answer (None: the hook failed open, as if it had no objection); True ends the plan."""
         return False
 
@@ -124,7 +130,7 @@ class Step:
 Problems = Callable[[pb.CreateResponseRequest], list[str]]
 
 
-class BeforeResponse(Step):
+class BeforeResponse(Step[pb.BeforeResponseResponse]):
     point = P.HOOK_POINT_BEFORE_RESPONSE
 
     def __init__(self, request: pb.CreateResponseRequest, problems: Problems) -> None:
@@ -134,15 +140,13 @@ class BeforeResponse(Step):
     def ask(self, context: pb.HookContext) -> Message:
         return pb.BeforeResponseRequest(context=context, request=self.request)
 
-    def check(self, reply: Message) -> None:
-        assert isinstance(reply, pb.BeforeResponseResponse)
+    def check(self, reply: pb.BeforeResponseResponse) -> None:
         if reply.WhichOneof("decision") == "request":
             found = self.problems(self._replaced(reply))
             if found:
                 raise Garbage(f"the request it returned is invalid: {'; '.join(found)}")
 
-    def take(self, hook: str, reply: Message | None) -> bool:
-        assert reply is None or isinstance(reply, pb.BeforeResponseResponse)
+    def take(self, hook: str, reply: pb.BeforeResponseResponse | None) -> bool:
         which = reply.WhichOneof("decision") if reply is not None else None
         if reply is not None and which == "reject_reason":
             raise HookRejected(hook, reply.reject_reason)
@@ -159,7 +163,7 @@ class BeforeResponse(Step):
         return replaced
 
 
-class Observe(Step):
+class Observe(Step[Message]):
     """An observing point (after model, after response): nothing to take from the answer."""
 
     def __init__(self, point: int, request: Message) -> None:
@@ -170,12 +174,12 @@ class Observe(Step):
         return self.request
 
 
-class TurnStep(Step):
+class TurnStep(Step[A]):
     """A step of a turn (pause check, before model), possibly asked ahead of another step: once that
     step's answer changed what this one was built from, this one asks nothing (it is asked again,
     rebuilt, when the changed step comes)."""
 
-    def __init__(self, turn: int | None, ahead_of: Step | None) -> None:
+    def __init__(self, turn: int | None, ahead_of: Step[Any] | None) -> None:
         self.turn = turn
         self.ahead_of = ahead_of
 
@@ -188,10 +192,10 @@ class TurnStep(Step):
         return True
 
 
-class PauseCheck(TurnStep):
+class PauseCheck(TurnStep[pb.PauseCheckResponse]):
     point = P.HOOK_POINT_PAUSE_CHECK
 
-    def __init__(self, before_tools: bool, turn: int | None = None, ahead_of: Step | None = None) -> None:
+    def __init__(self, before_tools: bool, turn: int | None = None, ahead_of: Step[Any] | None = None) -> None:
         super().__init__(turn, ahead_of)
         self.at = (
             pb.PauseCheckRequest.CHECK_POINT_BEFORE_TOOLS
@@ -205,18 +209,17 @@ class PauseCheck(TurnStep):
             return None
         return pb.PauseCheckRequest(context=context, check_point=self.at)
 
-    def take(self, hook: str, reply: Message | None) -> bool:
-        assert reply is None or isinstance(reply, pb.PauseCheckResponse)
+    def take(self, hook: str, reply: pb.PauseCheckResponse | None) -> bool:
         if reply is not None and reply.pause:
             self.reason = reply.reason or f"paused by {named(hook)}"
             return True
         return False
 
 
-class BeforeModel(TurnStep):
+class BeforeModel(TurnStep[pb.BeforeModelResponse]):
     point = P.HOOK_POINT_BEFORE_MODEL
 
-    def __init__(self, call: pb.ModelCall, turn: int | None = None, ahead_of: Step | None = None) -> None:
+    def __init__(self, call: pb.ModelCall, turn: int | None = None, ahead_of: Step[Any] | None = None) -> None:
         super().__init__(turn, ahead_of)
         self.call = call
         self.answer: list[pb.Item] | None = None
@@ -226,8 +229,7 @@ class BeforeModel(TurnStep):
             return None
         return pb.BeforeModelRequest(context=context, call=self.call)
 
-    def check(self, reply: Message) -> None:
-        assert isinstance(reply, pb.BeforeModelResponse)
+    def check(self, reply: pb.BeforeModelResponse) -> None:
         which = reply.WhichOneof("decision")
         if which == "change" and reply.change.HasField("offered_tools"):
             known = {t.name for t in self.call.tools}
@@ -245,8 +247,7 @@ class BeforeModel(TurnStep):
                     continue
                 raise Garbage("an answer holds assistant messages and function calls (with call_id and name) only")
 
-    def take(self, hook: str, reply: Message | None) -> bool:
-        assert reply is None or isinstance(reply, pb.BeforeModelResponse)
+    def take(self, hook: str, reply: pb.BeforeModelResponse | None) -> bool:
         which = reply.WhichOneof("decision") if reply is not None else None
         if reply is not None and which == "answer":
             self.answer = [_answer_item(i) for i in reply.answer.output]
@@ -260,7 +261,7 @@ class BeforeModel(TurnStep):
         return ModelDecision(self.call, self.answer)
 
 
-class ToolStep(Step):
+class ToolStep(Step[A]):
     """A step about one tool call, known by its call_id (which a hook's change of the call keeps)."""
 
     def __init__(self, call: pb.FunctionCall) -> None:
@@ -275,7 +276,7 @@ class ToolStep(Step):
         return output
 
 
-class ApproveTool(ToolStep):
+class ApproveTool(ToolStep[pb.ApproveToolResponse]):
     """A deny from any hook wins (the hooks after it are not asked); else the first approval."""
 
     point = P.HOOK_POINT_APPROVE_TOOL
@@ -294,8 +295,7 @@ class ApproveTool(ToolStep):
             return None
         return pb.ApproveToolRequest(context=context, call=self.call, tool=self.tool)
 
-    def take(self, hook: str, reply: Message | None) -> bool:
-        assert reply is None or isinstance(reply, pb.ApproveToolResponse)
+    def take(self, hook: str, reply: pb.ApproveToolResponse | None) -> bool:
         if reply is not None and reply.decision == Decision.DECISION_DENY:
             self.approval = Approval(False, reply.reason, hook)
         elif reply is not None and reply.decision == Decision.DECISION_APPROVE and self.approval is None:
@@ -307,7 +307,7 @@ class ApproveTool(ToolStep):
         return False
 
 
-class BeforeTool(ToolStep):
+class BeforeTool(ToolStep[pb.BeforeToolResponse]):
     """Asked only while the call is still going to run: not after a hook denied or answered it,
     nor after its approval was denied (`gate`)."""
 
@@ -324,16 +324,14 @@ class BeforeTool(ToolStep):
             return None
         return pb.BeforeToolRequest(context=context, call=self.call, tool=self.tool)
 
-    def check(self, reply: Message) -> None:
-        assert isinstance(reply, pb.BeforeToolResponse)
+    def check(self, reply: pb.BeforeToolResponse) -> None:
         if reply.WhichOneof("decision") == "arguments":
             try:
                 json.loads(reply.arguments)
             except ValueError:
                 raise Garbage("the arguments it returned are not JSON") from None
 
-    def take(self, hook: str, reply: Message | None) -> bool:
-        assert reply is None or isinstance(reply, pb.BeforeToolResponse)
+    def take(self, hook: str, reply: pb.BeforeToolResponse | None) -> bool:
         which = reply.WhichOneof("decision") if reply is not None else None
         if reply is not None and which == "deny_reason":
             self.result = error_output(self.call, f"denied by {named(hook)}: {reply.deny_reason}")
@@ -355,7 +353,7 @@ class BeforeTool(ToolStep):
         return ToolDecision(self.call, self.result)
 
 
-class AfterTool(ToolStep):
+class AfterTool(ToolStep[pb.AfterToolResponse]):
     point = P.HOOK_POINT_AFTER_TOOL
 
     def __init__(self, call: pb.FunctionCall, result: pb.FunctionCallOutput) -> None:
@@ -368,8 +366,7 @@ class AfterTool(ToolStep):
             return None
         return pb.AfterToolRequest(context=context, call=self.call, result=self.result)
 
-    def take(self, hook: str, reply: Message | None) -> bool:
-        assert reply is None or isinstance(reply, pb.AfterToolResponse)
+    def take(self, hook: str, reply: pb.AfterToolResponse | None) -> bool:
         if reply is not None and reply.HasField("result"):
             self.result = self._hook_result(reply.result)
             self.changed = True
