@@ -102,21 +102,29 @@ async def test_the_next_look_for_lost_runs_is_due_when_a_lease_of_another_replic
 
 
 class Stalls:
-    """A model that streams a few words and then never goes on (its replica is about to die)."""
+    """A model that streams a few words (each one token, with its log probability when
+    `logprobs`) and then never goes on (its replica is about to die)."""
 
-    def __init__(self, *words: str) -> None:
+    def __init__(self, *words: str, logprobs: bool = False) -> None:
         self.words = words
+        self.logprobs = logprobs
         self.streamed = asyncio.Event()
 
     async def stream(self, turn: TurnRequest) -> AsyncIterator[ProviderEvent]:
-        for word in self.words:
-            yield TextDelta(word)
+        for n, word in enumerate(self.words):
+            yield TextDelta(word, token_logprobs(word, n) if self.logprobs else ())
         self.streamed.set()
         await asyncio.Event().wait()
         yield TurnEnd(FinishReason.STOP)  # never reached
 
     async def complete(self, turn: TurnRequest) -> Completion:
         raise AssertionError("background runs stream")
+
+
+def token_logprobs(word: str, n: int) -> tuple[pb.TokenLogprob, ...]:
+    """The word as one token, with a log probability of its own and one alternative."""
+    top = pb.TopLogprob(token=word.upper(), logprob=-5.0 - n, bytes=list(word.upper().encode()))
+    return (pb.TokenLogprob(token=word, logprob=-0.5 - n, bytes=list(word.encode()), top_logprobs=[top]),)
 
 
 async def logged(store: MemoryStore, response_id: str, delta: str) -> None:
@@ -129,18 +137,19 @@ async def logged(store: MemoryStore, response_id: str, delta: str) -> None:
             await asyncio.sleep(0.01)
 
 
-async def test_a_run_resumed_after_its_replica_died_mid_message_closes_the_turn_and_keeps_the_logged_text() -> None:
+async def lost_mid_message(request: pb.CreateResponseRequest, stalls: Stalls) -> list[pb.StreamEvent]:
+    """The run started on a replica whose model stalls mid-message, that replica lost (what it
+    produced written, its lease left to run out), the run taken over by another whose model
+    answers "Hello world, again.": the events of the whole log."""
     clock = FakeClock()
     database = MemoryDatabase()
     settings = DurableSettings(lease_seconds=10.0)
     lost_store = MemoryStore(StoreOptions(clock=clock, instance_id="lost"), database)
-    stalls = Stalls("Hello ", "wor")
     lost = Background(Engine(stalls, lost_store), lost_store, lost_store.runlog, settings)
-    request = pb.CreateResponseRequest(model="scripted", input_text="greet", stream=True, background=True)
     run = await lost.engine.start(request)
     runner = await lost.begin(run)
     await stalls.streamed.wait()
-    await logged(lost_store, run.response_id, "wor")
+    await logged(lost_store, run.response_id, stalls.words[-1])
     # The replica dies: what it produced was written, its lease stays until it runs out.
     await runner.hand_over()
     clock.advance(settings.lease_seconds + 1)
@@ -155,9 +164,12 @@ async def test_a_run_resumed_after_its_replica_died_mid_message_closes_the_turn_
     resumed = survivor.runners[run.response_id]
     assert resumed.task is not None
     await resumed.task
-    events = [
-        pb.StreamEvent.FromString(data) for _, data in await survivor_store.runlog.events(run.response_id, 0, 999)
-    ]
+    return [pb.StreamEvent.FromString(data) for _, data in await survivor_store.runlog.events(run.response_id, 0, 999)]
+
+
+async def test_a_run_resumed_after_its_replica_died_mid_message_closes_the_turn_and_keeps_the_logged_text() -> None:
+    request = pb.CreateResponseRequest(model="scripted", input_text="greet", stream=True, background=True)
+    events = await lost_mid_message(request, Stalls("Hello ", "wor"))
     assert_valid_stream(events)
     names = [e.WhichOneof("event") for e in events]
     at = names.index("recovered")
@@ -171,3 +183,23 @@ async def test_a_run_resumed_after_its_replica_died_mid_message_closes_the_turn_
     assert superseded.status == pb.ItemStatus.ITEM_STATUS_INCOMPLETE
     assert superseded.message.content[0].output_text.text == "Hello wor"
     assert answer.message.content[0].output_text.text == "Hello world, again."
+
+
+async def test_a_run_resumed_mid_message_keeps_the_log_probabilities_of_the_text_logged_before() -> None:
+    request = pb.CreateResponseRequest(
+        model="scripted", input_text="greet", stream=True, background=True, output_logprobs=True, top_logprobs=1
+    )
+    words = ("Hello ", "wor")
+    events = await lost_mid_message(request, Stalls(*words, logprobs=True))
+    assert_valid_stream(events)
+    expected = [p for n, word in enumerate(words) for p in token_logprobs(word, n)]
+    at = [e.WhichOneof("event") for e in events].index("recovered")
+    # What readers were sent before the takeover, and what the part and the item are closed with.
+    logged_probs = [p for e in events[:at] for p in e.output_text_delta.logprobs]
+    assert logged_probs == expected
+    part_done, item_done = events[at + 2].content_part_done, events[at + 3].output_item_done
+    assert list(part_done.part.output_text.logprobs) == expected
+    assert list(item_done.item.message.content[0].output_text.logprobs) == expected
+    superseded = events[-1].completed.response.output[0]
+    assert superseded.message.content[0].output_text.text == "Hello wor"
+    assert list(superseded.message.content[0].output_text.logprobs) == expected

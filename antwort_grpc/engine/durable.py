@@ -3,14 +3,15 @@ just before a turn's tool calls run).
 
 What the lost replica did after the checkpoint is known from the event log's tail: the output
 items it had begun there are superseded — the run's Response keeps them INCOMPLETE at their
-output indexes, with the content their logged deltas gave them (attached clients saw it), and the
-model never sees them. The resumed run first closes what the lost replica left open, so the log
-stays one well-formed stream: its open content parts and items (done, incomplete), its tool
-executions (failed: interrupted), its turn (decided interrupted if it was not decided yet, then
-completed with the `recovered` event's reason). The model call in flight is made again. A
-server-side call the checkpoint shows without an output may have been running: it runs again
-only when its executor declares the tool idempotent (its own executions then pair up); otherwise
-its output is an is_error saying it was interrupted and not retried.
+output indexes, with the content their logged deltas gave them (attached clients saw it; the
+text's log probabilities too, when the request asked for them), and the model never sees them.
+The resumed run first closes what the lost replica left open, so the log stays one well-formed
+stream: its open content parts and items (done, incomplete), its tool executions (failed:
+interrupted), its turn (decided interrupted if it was not decided yet, then completed with the
+`recovered` event's reason). The model call in flight is made again. A server-side call the
+checkpoint shows without an output may have been running: it runs again only when its executor
+declares the tool idempotent (its own executions then pair up); otherwise its output is an
+is_error saying it was interrupted and not retried.
 """
 
 from __future__ import annotations
@@ -149,7 +150,10 @@ def _open_item(found: Superseded, index: int) -> pb.Item | None:
 def _text(found: Superseded, payload: pb.OutputTextDeltaEvent) -> None:
     item = _open_item(found, payload.output_index)
     if item is not None and payload.content_index < len(item.message.content):
-        item.message.content[payload.content_index].output_text.text += payload.delta
+        text = item.message.content[payload.content_index].output_text
+        text.text += payload.delta
+        # Its tokens' log probabilities, when asked for: the part keeps them as the text.
+        text.logprobs.extend(payload.logprobs)
 
 
 def _refusal(found: Superseded, payload: pb.RefusalDeltaEvent) -> None:
