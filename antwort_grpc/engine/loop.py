@@ -345,10 +345,11 @@ class Engine:
             self._write_record(run)
             for event in run.hooks.events(emitter, ending=True):
                 yield event
-            if run.request.conversation_id and run.joins_conversation:
-                # Before the final save: whoever sees the response ended sees it in the conversation.
-                await asyncio.shield(conversation_append(self.store, run))
-            await asyncio.shield(self._save(run))
+            # Appended to its conversation with the final save or before it: whoever sees the
+            # response ended sees it in the conversation.
+            joins = bool(run.request.conversation_id) and run.joins_conversation
+            if not (joins and await asyncio.shield(conversation_append(self.store, run))):
+                await asyncio.shield(self._save(run))
             finished = True
             yield await _terminal(emitter, outcome)
         finally:

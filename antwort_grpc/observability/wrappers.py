@@ -6,7 +6,7 @@ own (attribute access falls through), so the rest of the gateway sees the same c
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Generic, TypeVar
 
 from opentelemetry import context as otel_context
@@ -18,6 +18,7 @@ from antwort_grpc.observability.context import Observation, current_observation
 from antwort_grpc.observability.metrics import Metrics
 from antwort_grpc.providers.base import Completion, Provider, ProviderError, ProviderEvent, TurnEnd, TurnRequest
 from antwort_grpc.storage.base import ItemPage, ResponseStore, StoredResponse
+from antwort_grpc.storage.conversations import Entry
 
 CHAT = "chat"
 Part = TypeVar("Part")
@@ -235,6 +236,21 @@ class ObservedStore(_Wrapper[ResponseStore]):
             raise
         saved = self._saved or self._learn("save")
         saved.observe(time.perf_counter() - started)
+
+    async def save_in_conversation(
+        self, record: StoredResponse, conversation_id: str, entries: Sequence[Entry]
+    ) -> bool:
+        """The final save of a response in a kept conversation (its append in the same write):
+        measured as a save."""
+        started = time.perf_counter()
+        try:
+            appended: bool = await self._inner.save_in_conversation(record, conversation_id, entries)  # type: ignore[attr-defined]
+        except BaseException:
+            self._record("save", started, False)
+            raise
+        saved = self._saved or self._learn("save")
+        saved.observe(time.perf_counter() - started)
+        return appended
 
     async def get(self, response_id: str, owner: str = "") -> StoredResponse | None:
         started = time.perf_counter()

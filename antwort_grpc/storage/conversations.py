@@ -17,7 +17,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 from google.protobuf.message import Message
 
 from antwort_grpc import pb
-from antwort_grpc.storage.base import ItemPage
+from antwort_grpc.storage.base import ItemPage, StoredResponse
 
 M = TypeVar("M", bound=Message)
 
@@ -67,6 +67,22 @@ class ConversationStore(Protocol):
 
     async def entries(self, conversation_id: str, owner: str) -> list[Entry] | None:
         """Every item, oldest first (None: no such conversation): a response's history."""
+        ...
+
+
+@runtime_checkable
+class SavesInConversation(Protocol):
+    """A response store whose conversations are in the same database: a response's final save
+    and its conversation's append commit together, so a replica that dies between them leaves
+    neither (the replica that takes the run over ends it and appends once) or both (the run
+    ended: it is not run again)."""
+
+    async def save_in_conversation(
+        self, record: StoredResponse, conversation_id: str, entries: Sequence[Entry]
+    ) -> bool:
+        """Save `record` (as `save`) and append `entries` to the conversation (as `append`, owned
+        by the record's owner) in one transaction. False: no such conversation (the response is
+        saved all the same)."""
         ...
 
 

@@ -101,17 +101,7 @@ class SQLiteConversations:
         return await self.writer.run(delete)
 
     async def append(self, conversation_id: str, entries: Sequence[Entry], owner: str) -> bool:
-        def append(conn: sqlite3.Connection) -> bool:
-            sql = "SELECT next_seq FROM antwort_conversations WHERE id = ? AND owner = ?"
-            row = conn.execute(sql, (conversation_id, owner)).fetchone()
-            if row is None:
-                return False
-            conn.executemany(f"INSERT INTO {_ITEMS} VALUES (?, ?, ?, ?, ?)", _rows(conversation_id, row[0], entries))
-            sql = "UPDATE antwort_conversations SET next_seq = ? WHERE id = ?"
-            conn.execute(sql, (row[0] + len(entries), conversation_id))
-            return True
-
-        return await self.writer.run(append)
+        return await self.writer.run(lambda conn: sqlite_append(conn, conversation_id, entries, owner))
 
     async def list_items(
         self, conversation_id: str, *, limit: int, after: str, descending: bool, owner: str
@@ -179,6 +169,18 @@ class SQLiteConversations:
         return await self.reader.run(read)
 
 
+def sqlite_append(conn: sqlite3.Connection, conversation_id: str, entries: Sequence[Entry], owner: str) -> bool:
+    """An append in the writer's transaction (the store's final save of a response shares it)."""
+    sql = "SELECT next_seq FROM antwort_conversations WHERE id = ? AND owner = ?"
+    row = conn.execute(sql, (conversation_id, owner)).fetchone()
+    if row is None:
+        return False
+    conn.executemany(f"INSERT INTO {_ITEMS} VALUES (?, ?, ?, ?, ?)", _rows(conversation_id, row[0], entries))
+    sql = "UPDATE antwort_conversations SET next_seq = ? WHERE id = ?"
+    conn.execute(sql, (row[0] + len(entries), conversation_id))
+    return True
+
+
 def _owned(conn: sqlite3.Connection, conversation_id: str, owner: str) -> bool:
     sql = "SELECT 1 FROM antwort_conversations WHERE id = ? AND owner = ?"
     return conn.execute(sql, (conversation_id, owner)).fetchone() is not None
@@ -230,16 +232,7 @@ class PostgresConversations:
 
     async def append(self, conversation_id: str, entries: Sequence[Entry], owner: str) -> bool:
         async with self.pool.acquire() as conn, conn.transaction():
-            sql = "SELECT next_seq FROM antwort_conversations WHERE id = $1 AND owner = $2 FOR UPDATE"
-            first = await conn.fetchval(sql, conversation_id, owner)
-            if first is None:
-                return False
-            await conn.executemany(
-                f"INSERT INTO {_ITEMS} VALUES ($1, $2, $3, $4, $5)", _rows(conversation_id, first, entries)
-            )
-            sql = "UPDATE antwort_conversations SET next_seq = $2 WHERE id = $1"
-            await conn.execute(sql, conversation_id, first + len(entries))
-            return True
+            return await postgres_append(conn, conversation_id, entries, owner)
 
     async def list_items(
         self, conversation_id: str, *, limit: int, after: str, descending: bool, owner: str
@@ -293,3 +286,16 @@ class PostgresConversations:
 async def _pg_owned(conn: Any, conversation_id: str, owner: str) -> bool:
     sql = "SELECT 1 FROM antwort_conversations WHERE id = $1 AND owner = $2"
     return await conn.fetchval(sql, conversation_id, owner) is not None
+
+
+async def postgres_append(conn: Any, conversation_id: str, entries: Sequence[Entry], owner: str) -> bool:
+    """An append in the caller's transaction (the store's final save of a response may share it):
+    the conversation's row stays locked until that transaction ends."""
+    sql = "SELECT next_seq FROM antwort_conversations WHERE id = $1 AND owner = $2 FOR UPDATE"
+    first = await conn.fetchval(sql, conversation_id, owner)
+    if first is None:
+        return False
+    await conn.executemany(f"INSERT INTO {_ITEMS} VALUES ($1, $2, $3, $4, $5)", _rows(conversation_id, first, entries))
+    sql = "UPDATE antwort_conversations SET next_seq = $2 WHERE id = $1"
+    await conn.execute(sql, conversation_id, first + len(entries))
+    return True

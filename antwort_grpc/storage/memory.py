@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from antwort_grpc import pb
 from antwort_grpc.storage.base import RUNNING, ItemPage, StoredResponse
 from antwort_grpc.storage.codec import find_item, indexed_ids, mark_interrupted, page_items
-from antwort_grpc.storage.conversations import MemoryConversations, MemoryConversationTables
+from antwort_grpc.storage.conversations import Entry, MemoryConversations, MemoryConversationTables
 from antwort_grpc.storage.maintenance import CancelCallbacks
 from antwort_grpc.storage.options import StoreOptions
 from antwort_grpc.storage.runlog_memory import MemoryRunLog, RunTables
@@ -115,6 +115,14 @@ class MemoryStore:
         size = copy.response.ByteSize() + sum(map(_byte_size, copy.input_items))
         entry = _Entry(copy, self.options.instance_id, self.options.expires_at(self.options.clock()), size)
         self.database.put(record.response.id, entry, self.options.memory_max_responses, self.options.memory_max_bytes)
+
+    async def save_in_conversation(
+        self, record: StoredResponse, conversation_id: str, entries: Sequence[Entry]
+    ) -> bool:
+        # Neither awaits anything: nothing else runs on the event loop between the two.
+        appended = await self.conversations.append(conversation_id, entries, record.owner)
+        await self.save(record)
+        return appended
 
     def _live(self, response_id: str, owner: str) -> _Entry | None:
         entry = self._entries.get(response_id)

@@ -31,7 +31,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
@@ -47,7 +47,8 @@ from antwort_grpc.storage.codec import (
     interrupted,
     to_row,
 )
-from antwort_grpc.storage.conversations_sql import PostgresConversations
+from antwort_grpc.storage.conversations import Entry
+from antwort_grpc.storage.conversations_sql import PostgresConversations, postgres_append
 from antwort_grpc.storage.maintenance import CancelCallbacks, start_upkeep
 from antwort_grpc.storage.migrations import migrate_postgres
 from antwort_grpc.storage.options import StoreOptions
@@ -176,9 +177,13 @@ class PostgresStore(InputItemsInTheRow):
     # -- ResponseStore ------------------------------------------------------------------------
 
     async def save(self, record: StoredResponse) -> None:
+        await self.pool.execute(*self._upsert(record))
+
+    def _upsert(self, record: StoredResponse) -> tuple[Any, ...]:
+        """The statement that saves `record`, and its arguments."""
         row = to_row(record, self.options)
         indexed = (list(row.item_ids),) if row.item_ids else ()
-        await self.pool.execute(
+        return (
             _UPSERT_INDEXED if indexed else _UPSERT,
             row.id,
             row.owner,
@@ -191,6 +196,16 @@ class PostgresStore(InputItemsInTheRow):
             row.input_items,
             *indexed,
         )
+
+    async def save_in_conversation(
+        self, record: StoredResponse, conversation_id: str, entries: Sequence[Entry]
+    ) -> bool:
+        upsert = self._upsert(record)
+        async with self.pool.acquire() as conn, conn.transaction():
+            # The conversation's row first (as every append): its lock orders concurrent appends.
+            appended = await postgres_append(conn, conversation_id, entries, record.owner)
+            await conn.execute(*upsert)
+        return appended
 
     async def get(self, response_id: str, owner: str = "") -> StoredResponse | None:
         found = await self.pool.fetchrow(

@@ -31,7 +31,8 @@ from antwort_grpc.storage.codec import (
     interrupted,
     to_row,
 )
-from antwort_grpc.storage.conversations_sql import SQLiteConversations
+from antwort_grpc.storage.conversations import Entry
+from antwort_grpc.storage.conversations_sql import SQLiteConversations, sqlite_append
 from antwort_grpc.storage.maintenance import CancelCallbacks, start_upkeep
 from antwort_grpc.storage.migrations import migrate_sqlite
 from antwort_grpc.storage.options import StoreOptions
@@ -145,6 +146,19 @@ class SQLiteStore(InputItemsInTheRow):
         # before the indexing of what is stored, one made after carries its ids.
         row = to_row(record, self.options, index=self._items_indexed)
         await self.writer.run(lambda conn: _upsert(conn, row))
+
+    async def save_in_conversation(
+        self, record: StoredResponse, conversation_id: str, entries: Sequence[Entry]
+    ) -> bool:
+        row = to_row(record, self.options, index=self._items_indexed)
+
+        def save(conn: sqlite3.Connection) -> bool:
+            # One job of the writer: one savepoint, all or nothing.
+            appended = sqlite_append(conn, conversation_id, entries, record.owner)
+            _upsert(conn, row)
+            return appended
+
+        return await self.writer.run(save)
 
     async def get(self, response_id: str, owner: str = "") -> StoredResponse | None:
         now = self.options.clock()

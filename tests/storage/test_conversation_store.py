@@ -9,7 +9,7 @@ from typing import Any
 from antwort_grpc import pb
 from antwort_grpc.storage.conversations import Entry
 from tests.storage.conftest import Backend
-from tests.storage.records import texts
+from tests.storage.records import record, texts
 
 
 def said(text: str, item_id: str) -> pb.Item:
@@ -105,6 +105,34 @@ async def test_appends_at_the_same_time_keep_every_block_whole(store: Any) -> No
         block = ids[start : start + 3]
         prefix = block[0].rsplit("_", 1)[0]
         assert block == [f"{prefix}_{k}" for k in range(3)], ids
+
+
+async def test_a_responses_final_save_and_its_append_are_one_write_and_racing_ones_keep_every_block(
+    store: Any,
+) -> None:
+    kept = store.conversations
+    await kept.create(conversation("conv_1"), [said("start", "m0")], "alice")
+    saved = [record(f"resp_{n}", inputs=(f"{n}?",), outputs=(f"{n}!",), owner="alice") for n in range(8)]
+    blocks = [[Entry(r.input_items[0]), Entry(r.response.output[0], True)] for r in saved]
+    appended = await asyncio.gather(
+        *(store.save_in_conversation(r, "conv_1", block) for r, block in zip(saved, blocks, strict=True))
+    )
+    assert all(appended)
+    entries = await kept.entries("conv_1", "alice")
+    said_texts = texts([e.item for e in entries])
+    assert said_texts[0] == "start" and len(said_texts) == 1 + 2 * len(saved)
+    for start in range(1, len(said_texts), 2):
+        n = said_texts[start].rstrip("?")
+        assert said_texts[start : start + 2] == [f"{n}?", f"{n}!"], said_texts
+    assert [e.from_model for e in entries[1:3]] == [False, True]
+    for r in saved:
+        got = await store.get(r.response.id, "alice")
+        assert got is not None and got.response == r.response
+    # Another owner's conversation is not there: nothing appended, the response saved all the same.
+    other = record("resp_bob", owner="bob")
+    assert not await store.save_in_conversation(other, "conv_1", [Entry(other.input_items[0])])
+    assert await store.get("resp_bob", "bob") is not None
+    assert len(await kept.entries("conv_1", "alice")) == len(entries)
 
 
 async def test_a_conversation_outlives_its_store_and_is_seen_by_another(backend: Backend) -> None:
