@@ -32,26 +32,28 @@ def text_of(item: pb.Item) -> str:
     return "".join(part.input_text.text or part.output_text.text for part in item.message.content)
 
 
-async def waiting_on(url: str, locker: asyncpg.Connection) -> int:
+async def waiting_on(watcher: asyncpg.Connection, locker: asyncpg.Connection) -> int:
     """The server process of the statement that waits for a lock `locker` holds (once there is
     one), after checking it is the write of a response. Watched from a connection of its own: in
     the locker's transaction, pg_stat_activity would be the snapshot its first read took."""
-    holder = locker.get_server_pid()
     sql = "SELECT pid, query FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))"
-    watcher = await asyncpg.connect(url)
-    try:
-        return await _blocked(watcher, sql, holder)
-    finally:
-        await watcher.close()
-
-
-async def _blocked(watcher: asyncpg.Connection, sql: str, holder: int) -> int:
     async with asyncio.timeout(30):
         while True:
-            row = await watcher.fetchrow(sql, holder)
+            row = await watcher.fetchrow(sql, locker.get_server_pid())
             if row is not None:
                 assert "antwort_responses" in row["query"]
                 return int(row["pid"])
+            await asyncio.sleep(0.02)
+
+
+async def terminate(watcher: asyncpg.Connection, pid: int) -> None:
+    """End a server process as PostgreSQL ends a dead client's, and wait until it is gone (its
+    transaction rolled back) — a signal is handled when the process gets to it."""
+    await watcher.execute("SELECT pg_terminate_backend($1)", pid)
+    async with asyncio.timeout(30):
+        while True:
+            if not await watcher.fetchval("SELECT 1 FROM pg_stat_activity WHERE pid = $1", pid):
+                return
             await asyncio.sleep(0.02)
 
 
@@ -73,17 +75,18 @@ async def test_a_background_run_whose_replica_dies_at_its_final_save_is_in_its_c
         response_id = await start_background(a, request)
         await fake.wait_held(timeout=30)
         # The response's row locked: the write that stores it ended waits.
-        locker = await asyncpg.connect(url)
+        locker, watcher = await asyncpg.connect(url), await asyncpg.connect(url)
         stack.push_async_callback(locker.close)
+        stack.push_async_callback(watcher.close)
         locking = locker.transaction()
         await locking.start()
         await locker.execute("SELECT 1 FROM antwort_responses WHERE id = $1 FOR UPDATE", response_id)
         fake.release()
-        final_write = await waiting_on(url, locker)
+        final_write = await waiting_on(watcher, locker)
         # The replica dies there; its write never commits.
         a.kill()
         await a.process.wait()
-        assert await locker.fetchval("SELECT pg_terminate_backend($1)", final_write)
+        await terminate(watcher, final_write)
         await locking.rollback()
         done = await poll_ended(b, response_id)
         listed = await conversations.ListConversationItems(
