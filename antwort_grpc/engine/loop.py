@@ -345,11 +345,7 @@ class Engine:
             self._write_record(run)
             for event in run.hooks.events(emitter, ending=True):
                 yield event
-            # Appended to its conversation with the final save or before it: whoever sees the
-            # response ended sees it in the conversation.
-            joins = bool(run.request.conversation_id) and run.joins_conversation
-            if not (joins and await asyncio.shield(conversation_append(self.store, run))):
-                await asyncio.shield(self._save(run))
+            await asyncio.shield(self._save_final(run))
             finished = True
             yield await _terminal(emitter, outcome)
         finally:
@@ -400,6 +396,14 @@ class Engine:
         response = response or run.response
         run.record.write(response.metrics, run.hooks.totals())
         response.omitted_items = run.window.omitted
+
+    async def _save_final(self, run: Run) -> None:
+        """The save of the ended response. One in a kept conversation is appended to it in the
+        same write (or, where the store cannot, just before): whoever sees the response ended
+        sees it in the conversation."""
+        if run.request.conversation_id and run.joins_conversation and await conversation_append(self.store, run):
+            return
+        await self._save(run)
 
     async def _save(self, run: Run, *, required: bool = False) -> None:
         """Store the response as it is. `required` (the first save): a store that fails refuses
