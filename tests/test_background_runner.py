@@ -16,9 +16,11 @@ from antwort_grpc.durable.runner import Runner
 from antwort_grpc.durable.settings import DurableSettings
 from antwort_grpc.durable.takeover import Background
 from antwort_grpc.engine import Engine
+from antwort_grpc.engine.history import load_conversation
 from antwort_grpc.providers.base import Completion, FinishReason, ProviderEvent, TextDelta, TurnEnd, TurnRequest
 from antwort_grpc.providers.scripted import ScriptedProvider, Text
 from antwort_grpc.storage.base import StoredResponse
+from antwort_grpc.storage.conversations import Entry
 from antwort_grpc.storage.memory import MemoryDatabase, MemoryStore
 from antwort_grpc.storage.options import StoreOptions
 from antwort_grpc.storage.runlog import Checkpoint
@@ -137,10 +139,13 @@ async def logged(store: MemoryStore, response_id: str, delta: str) -> None:
             await asyncio.sleep(0.01)
 
 
-async def lost_mid_message(request: pb.CreateResponseRequest, stalls: Stalls) -> list[pb.StreamEvent]:
+async def lost_mid_message(
+    request: pb.CreateResponseRequest, stalls: Stalls, survivors: list[Background] | None = None
+) -> list[pb.StreamEvent]:
     """The run started on a replica whose model stalls mid-message, that replica lost (what it
     produced written, its lease left to run out), the run taken over by another whose model
-    answers "Hello world, again.": the events of the whole log."""
+    answers "Hello world, again." (then "Fine." to a later turn): the events of the whole log.
+    `survivors` is given the replica that took it over."""
     clock = FakeClock()
     database = MemoryDatabase()
     settings = DurableSettings(lease_seconds=10.0)
@@ -155,12 +160,14 @@ async def lost_mid_message(request: pb.CreateResponseRequest, stalls: Stalls) ->
     clock.advance(settings.lease_seconds + 1)
     survivor_store = MemoryStore(StoreOptions(clock=clock, instance_id="survivor"), database)
     survivor = Background(
-        Engine(ScriptedProvider([[Text("Hello world, again.")]]), survivor_store),
+        Engine(ScriptedProvider([[Text("Hello world, again.")], [Text("Fine.")]]), survivor_store),
         survivor_store,
         survivor_store.runlog,
         settings,
     )
     assert await survivor.take_over() == 1
+    if survivors is not None:
+        survivors.append(survivor)
     resumed = survivor.runners[run.response_id]
     assert resumed.task is not None
     await resumed.task
@@ -203,3 +210,42 @@ async def test_a_run_resumed_mid_message_keeps_the_log_probabilities_of_the_text
     superseded = events[-1].completed.response.output[0]
     assert superseded.message.content[0].output_text.text == "Hello wor"
     assert list(superseded.message.content[0].output_text.logprobs) == expected
+
+
+async def test_a_later_response_is_not_shown_what_the_lost_replica_began_and_the_survivor_did_again() -> None:
+    request = pb.CreateResponseRequest(model="scripted", input_text="greet", stream=True, background=True)
+    survivors: list[Background] = []
+    events = await lost_mid_message(request, Stalls("Hello ", "wor"), survivors)
+    superseded, answer = events[-1].completed.response.output
+    assert superseded.superseded and not answer.superseded
+    engine = survivors[0].engine
+    later = await engine.start(
+        pb.CreateResponseRequest(
+            model="scripted", input_text="and?", previous_response_id=events[-1].completed.response.id
+        )
+    )
+    async for _ in later.events():
+        pass
+    provider = engine.provider
+    assert isinstance(provider, ScriptedProvider)
+    shown = [
+        part.output_text.text
+        for item in provider.requests[-1].items
+        if item.WhichOneof("kind") == "message"
+        for part in item.message.content
+    ]
+    assert "Hello wor" not in shown
+    assert "Hello world, again." in shown
+
+
+async def test_a_conversation_holding_a_superseded_item_does_not_show_it_to_the_model() -> None:
+    store = MemoryStore(StoreOptions(), MemoryDatabase())
+    events = await lost_mid_message(
+        pb.CreateResponseRequest(model="scripted", input_text="greet", stream=True, background=True),
+        Stalls("Hello ", "wor"),
+    )
+    output = list(events[-1].completed.response.output)
+    await store.conversations.create(pb.Conversation(id="conv_1"), [], "")
+    assert await store.conversations.append("conv_1", [Entry(item, from_model=True) for item in output], "")
+    history = await load_conversation(store, "conv_1", owner="", max_bytes=1 << 20)
+    assert [item.id for item in history.items] == [output[1].id]

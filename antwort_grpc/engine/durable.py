@@ -86,6 +86,7 @@ def superseded_items(tail: list[bytes], first_index: int, open_turn: int = 0) ->
         _read(found, pb.StreamEvent.FromString(data), first_index)
     for item in found.items.values():
         item.status = INCOMPLETE  # type: ignore[assignment]
+        item.superseded = True
     return found
 
 

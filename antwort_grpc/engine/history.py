@@ -62,8 +62,10 @@ async def load_history(
     history = History()
     for record in reversed(chain):
         history.items += record.input_items
-        history.items += record.response.output
         for item in record.response.output:
+            if item.superseded:
+                continue  # begun by a replica lost mid-run, done again by the run that took it over
+            history.items.append(item)
             if item.WhichOneof("kind") == "function_call":
                 history.model_calls[item.function_call.call_id] = item.function_call
     return history
@@ -87,6 +89,8 @@ async def load_conversation(store: object, conversation_id: str, *, owner: str, 
     size = 0
     for entry in entries:
         size += entry.item.ByteSize()
+        if entry.item.superseded:
+            continue
         history.items.append(entry.item)
         # Only calls a response's model made may run on our side when a continuation picks them up.
         if entry.from_model and entry.item.WhichOneof("kind") == "function_call":

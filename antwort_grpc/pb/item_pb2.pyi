@@ -44,7 +44,7 @@ IMAGE_DETAIL_LOW: ImageDetail
 IMAGE_DETAIL_HIGH: ImageDetail
 
 class Item(_message.Message):
-    __slots__ = ("id", "status", "message", "function_call", "function_call_output", "reasoning", "approval_request", "approval_response", "item_reference")
+    __slots__ = ("id", "status", "message", "function_call", "function_call_output", "reasoning", "approval_request", "approval_response", "item_reference", "superseded")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class Item(_message.Message):
     APPROVAL_REQUEST_FIELD_NUMBER: _ClassVar[int]
     APPROVAL_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     ITEM_REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDED_FIELD_NUMBER: _ClassVar[int]
     id: str
     status: ItemStatus
     message: Message
@@ -63,7 +64,8 @@ class Item(_message.Message):
     approval_request: ApprovalRequest
     approval_response: ApprovalResponse
     item_reference: ItemReference
-    def __init__(self, id: _Optional[str] = ..., status: _Optional[_Union[ItemStatus, str]] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., function_call: _Optional[_Union[FunctionCall, _Mapping]] = ..., function_call_output: _Optional[_Union[FunctionCallOutput, _Mapping]] = ..., reasoning: _Optional[_Union[Reasoning, _Mapping]] = ..., approval_request: _Optional[_Union[ApprovalRequest, _Mapping]] = ..., approval_response: _Optional[_Union[ApprovalResponse, _Mapping]] = ..., item_reference: _Optional[_Union[ItemReference, _Mapping]] = ...) -> None: ...
+    superseded: bool
+    def __init__(self, id: _Optional[str] = ..., status: _Optional[_Union[ItemStatus, str]] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., function_call: _Optional[_Union[FunctionCall, _Mapping]] = ..., function_call_output: _Optional[_Union[FunctionCallOutput, _Mapping]] = ..., reasoning: _Optional[_Union[Reasoning, _Mapping]] = ..., approval_request: _Optional[_Union[ApprovalRequest, _Mapping]] = ..., approval_response: _Optional[_Union[ApprovalResponse, _Mapping]] = ..., item_reference: _Optional[_Union[ItemReference, _Mapping]] = ..., superseded: _Optional[bool] = ...) -> None: ...
 
 class Message(_message.Message):
     __slots__ = ("role", "content")
