@@ -52,6 +52,8 @@ class _Body:
 class _Lines:
     """The sink: each event as a line of JSON, the response's headers sent with the first."""
 
+    takes_wire = False
+
     def __init__(self, request: web.Request) -> None:
         self.request = request
         self.response: web.StreamResponse | None = None

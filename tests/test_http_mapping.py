@@ -175,7 +175,7 @@ def test_a_request_in_the_specs_json_maps_to_protobuf_and_back_stably(
     body: dict[str, Any] = {"model": "m", "input": inputs, "tools": [tool_json(t) for t in offered]}
     if choice is not None:
         body["tool_choice"] = choice
-    request = create_request(body).request
+    request = create_request(body)
     for item in request.input_items.items:
         if not item.status:
             item.status = pb.ItemStatus.ITEM_STATUS_COMPLETED  # as the engine takes an item without one
@@ -187,12 +187,12 @@ def test_a_request_in_the_specs_json_maps_to_protobuf_and_back_stably(
             "tools": [tool_json(t) for t in request.tools],
             **({"tool_choice": tool_choice_json(request.tool_choice)} if choice is not None else {}),
         }
-    ).request
+    )
     assert again == request
 
 
 def test_a_string_input_is_the_shorthand_for_one_user_message() -> None:
-    assert create_request({"model": "m", "input": "hi"}).request.input_text == "hi"
+    assert create_request({"model": "m", "input": "hi"}).input_text == "hi"
 
 
 def _response(status: int, output: list[pb.Item]) -> pb.Response:

@@ -71,6 +71,11 @@ class Front:
         return self.edge.authenticates
 
     @property
+    def observed(self) -> bool:
+        """Whether requests are observed (metrics, traces): a door's trace attributes are wanted."""
+        return self.edge.observer is not None
+
+    @property
     def limits(self) -> Limits:
         """What one request may hold: a door checks what it can while decoding (counts before
         mapping, bytes before reading)."""

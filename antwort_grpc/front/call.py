@@ -63,6 +63,10 @@ class Sink(Protocol):
     """Where a response's events go, in the door's encoding. The core calls one method per
     message the door should send; an exception from it (the client went away) ends the call."""
 
+    # Whether `event` uses the bytes the engine kept of an event it serialized already (the gRPC
+    # door sends them as they are); False: it is handed None, and no bytes are looked up per event.
+    takes_wire: bool
+
     async def event(self, event: pb.StreamEvent, wire: bytes | None) -> None:
         """One event; `wire`: its bytes when the engine serialized it already (else None)."""
         ...

@@ -39,11 +39,12 @@ async def deliver(run: Run, request: pb.CreateResponseRequest, watch: Watch, sin
             await _batched(run, events, watch, sink, guard)
         elif request.stream:
             observing = watch.observing
+            wires = sink.takes_wire
             async for event in events:
                 if observing:
                     watch.saw(event)
                 guard.writing = True
-                await sink.event(event, run.take_wire(event))
+                await sink.event(event, run.take_wire(event) if wires else None)
                 guard.writing = False
                 guard.sent += 1
         else:
@@ -56,7 +57,7 @@ async def deliver(run: Run, request: pb.CreateResponseRequest, watch: Watch, sin
                 last = event
             assert last is not None
             guard.writing = True
-            await sink.event(last, run.take_wire(last))
+            await sink.event(last, run.take_wire(last) if sink.takes_wire else None)
         watch.ended()
     finally:
         await events.aclose()
@@ -86,6 +87,8 @@ async def _batched(run: Run, events: Events, watch: Watch, sink: Sink, guard: Gu
 class Last:
     """A sink that keeps the one event a non-streaming answer sends: the core reading a response
     itself (compaction)."""
+
+    takes_wire = False
 
     def __init__(self) -> None:
         self.last: pb.StreamEvent | None = None

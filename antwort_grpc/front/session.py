@@ -309,6 +309,7 @@ class _Locked:
 
     def __init__(self, session: Session) -> None:
         self.session = session
+        self.takes_wire = session.sink.takes_wire
 
     async def event(self, event: pb.StreamEvent, wire: bytes | None) -> None:
         async with self.session.writing:

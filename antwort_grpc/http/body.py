@@ -111,9 +111,11 @@ async def read_body(request: web.Request, bound: BodyLimit) -> bytes:
     declared = request.content_length
     if declared is not None and declared > bound.limit:
         raise BodyTooLarge(declared, bound.limit, bound.setting, read=False)
+    content = request.content
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.content.iter_any():
+    # readany() until the end, not `iter_any()`: no async iterator made per body.
+    while chunk := await content.readany():
         size += len(chunk)
         if size > bound.limit:
             raise BodyTooLarge(size, bound.limit, bound.setting, read=True)
@@ -133,7 +135,7 @@ def parse_json(raw: bytes) -> object:
     except UnicodeDecodeError as err:
         fail("body", f"not valid UTF-8 (byte {err.start})")
     try:
-        value = json.loads(text, parse_constant=_constant)
+        value = _DECODER.decode(text)
     except RecursionError:
         fail("body", f"nested more than {MAX_DEPTH} levels deep")
     except ValueError as err:
@@ -152,6 +154,10 @@ def parse_json(raw: bytes) -> object:
 
 def _constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON number")
+
+
+# One decoder for every body (json.loads with an option builds a decoder per call).
+_DECODER = json.JSONDecoder(parse_constant=_constant)
 
 
 def _walk(value: object, max_depth: int, strings: bool) -> tuple[str, str] | None:
@@ -224,20 +230,30 @@ def bounded(body: object, limits: Limits) -> object:
     if isinstance(items, list):
         _count_items(items, limits)
     tools = body.get("tools")
-    depth = min(limits.max_schema_depth, MAX_CARRIED_SCHEMA_DEPTH)
     if isinstance(tools, list):
-        if len(tools) > limits.max_tools:
-            fail("tools", f"at most {limits.max_tools} tools (this request has {len(tools)}; ANTWORT_MAX_TOOLS)")
-        for n, tool in enumerate(tools):
-            schema = tool.get("parameters") if isinstance(tool, dict) else None
-            if isinstance(schema, dict) and _deeper_than(schema, depth):
-                fail(f"tools[{n}].parameters", f"nested more than {depth} levels deep (ANTWORT_MAX_SCHEMA_DEPTH)")
+        _count_tools(tools, limits)
     text = body.get("text")
-    form = text.get("format") if isinstance(text, dict) else None
-    schema = form.get("schema") if isinstance(form, dict) else None
-    if isinstance(schema, dict | list) and _deeper_than(schema, depth):
-        fail("text.format.schema", f"nested more than {depth} levels deep (ANTWORT_MAX_SCHEMA_DEPTH)")
+    if isinstance(text, dict):
+        form = text.get("format")
+        schema = form.get("schema") if isinstance(form, dict) else None
+        depth = _schema_depth(limits)
+        if isinstance(schema, dict | list) and _deeper_than(schema, depth):
+            fail("text.format.schema", f"nested more than {depth} levels deep (ANTWORT_MAX_SCHEMA_DEPTH)")
     return body
+
+
+def _schema_depth(limits: Limits) -> int:
+    return min(limits.max_schema_depth, MAX_CARRIED_SCHEMA_DEPTH)
+
+
+def _count_tools(tools: list[Any], limits: Limits) -> None:
+    if len(tools) > limits.max_tools:
+        fail("tools", f"at most {limits.max_tools} tools (this request has {len(tools)}; ANTWORT_MAX_TOOLS)")
+    depth = _schema_depth(limits)
+    for n, tool in enumerate(tools):
+        schema = tool.get("parameters") if isinstance(tool, dict) else None
+        if isinstance(schema, dict) and _deeper_than(schema, depth):
+            fail(f"tools[{n}].parameters", f"nested more than {depth} levels deep (ANTWORT_MAX_SCHEMA_DEPTH)")
 
 
 def _count_items(items: list[Any], limits: Limits) -> None:
@@ -261,8 +277,9 @@ def _tools_within(request: pb.CreateResponseRequest, limits: Limits) -> None:
 
 def create_from(raw: bytes, limits: Limits) -> pb.CreateResponseRequest:
     """A create request from a body's bytes, every check above made (inline or in the worker)."""
-    request = create_request(bounded(parse_json(raw), limits)).request
-    _tools_within(request, limits)
+    request = create_request(bounded(parse_json(raw), limits))
+    if request.tools:
+        _tools_within(request, limits)
     return request
 
 

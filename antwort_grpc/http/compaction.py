@@ -26,7 +26,7 @@ def compaction_request(body: object) -> pb.CompactConversationRequest:
     if entry.get("model") is None:
         fail("model", "required: the model to use ('' for the gateway's default)")
     parameters = {key: entry[key] for key in ("model", "input", "previous_response_id", "conversation") if key in entry}
-    create = create_request(parameters).request
+    create = create_request(parameters)
     compact = pb.CompactConversationRequest(
         model=create.model, previous_response_id=create.previous_response_id, conversation_id=create.conversation_id
     )

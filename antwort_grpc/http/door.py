@@ -24,8 +24,8 @@ from antwort_grpc.front import Call, Front
 from antwort_grpc.grpc_security import credential_of
 from antwort_grpc.http.body import (
     BodyTooLarge,
+    Limits,
     body_limit,
-    parse_json,
     read_body,
     read_compaction,
     read_create,
@@ -93,6 +93,8 @@ class HttpDoor:
         self.front = front
         self.accepting = accepting
         self.settings = settings or DoorSettings()
+        # The most bytes a body may have (both the door's and the core's limits are fixed).
+        self.body_limit = body_limit(self.settings.max_body_bytes, front.limits.max_request_bytes)
         self.runner: web.AppRunner | None = None
         self.port = 0
         self.host = ""
@@ -257,23 +259,21 @@ class HttpDoor:
         return web.json_response({"status": "ok"})
 
     async def create(self, request: web.Request) -> web.StreamResponse:
-        limits = self.front.limits
-        body = _Body(await self._body(request), lambda raw: read_create(raw, limits))
+        body = _Body(await self._body(request), read_create, self.front.limits)
         sink = EventWriter(request, _extended(request), body)
-        return await sink.answered(self.front.create(_call(request, "CreateResponse"), body, sink))
+        return await sink.answered(self.front.create(self._call(request, "CreateResponse"), body, sink))
 
     async def compact(self, request: web.Request) -> web.Response:
         """The spec's compaction: the conversation summarized by the model into one item."""
-        limits = self.front.limits
-        body = _Body(await self._body(request), lambda raw: read_compaction(raw, limits))
-        compacted = await self.front.compact(_call(request, "CompactResponse"), body)
+        body = _Body(await self._body(request), read_compaction, self.front.limits)
+        compacted = await self.front.compact(self._call(request, "CompactResponse"), body)
         return web.json_response(compacted_json(compacted), dumps=_dumps)
 
     async def get(self, request: web.Request) -> web.StreamResponse:
         response_id = request.match_info["id"]
         if one_of(request.query.get("stream", "false").lower(), "stream", STREAM_VALUES):
             return await self._attach(request, response_id)
-        call = _call(request, "GetResponse")
+        call = self._call(request, "GetResponse")
         response = await self.front.get(call, response_id)
         return web.json_response(response_json(response, await self.front.logged(call, response_id)), dumps=_dumps)
 
@@ -283,17 +283,18 @@ class HttpDoor:
         EventWriter's): the log is read from its start and counted the same way."""
         starting_after = _query_int(request.query.get("starting_after"), "starting_after")
         sink = EventWriter(request, _extended(request), None, skip=starting_after)
-        attach = self.front.attach(_call(request, "AttachResponse"), response_id, starting_after, sink, read_from=0)
+        call = self._call(request, "AttachResponse")
+        attach = self.front.attach(call, response_id, starting_after, sink, read_from=0)
         return await sink.answered(attach)
 
     async def delete(self, request: web.Request) -> web.Response:
         response_id = request.match_info["id"]
-        await self.front.delete(_call(request, "DeleteResponse"), response_id)
+        await self.front.delete(self._call(request, "DeleteResponse"), response_id)
         return web.json_response({"id": response_id, "object": "response.deleted", "deleted": True})
 
     async def cancel(self, request: web.Request) -> web.Response:
         response_id = request.match_info["id"]
-        call = _call(request, "CancelResponse")
+        call = self._call(request, "CancelResponse")
         response = await self.front.cancel(call, response_id)
         return web.json_response(response_json(response, await self.front.logged(call, response_id)), dumps=_dumps)
 
@@ -303,7 +304,7 @@ class HttpDoor:
         # The spec is silent: OpenAI's default order, newest first.
         descending = one_of(query.get("order", "desc"), "order", ORDERS)
         page = await self.front.list_input_items(
-            _call(request, "ListInputItems"),
+            self._call(request, "ListInputItems"),
             request.match_info["id"],
             limit=limit,
             after=query.get("after", ""),
@@ -316,7 +317,7 @@ class HttpDoor:
         limits = self.front.limits
         body = obj(await read_json(await self._body(request), limits) if request.can_read_body else {}, "body")
         control = ROUTED[name](body)
-        accepted = await self.front.control(_call(request, "ControlResponse"), request.match_info["id"], control)
+        accepted = await self.front.control(self._call(request, "ControlResponse"), request.match_info["id"], control)
         return web.json_response(accepted_json(accepted), dumps=_dumps)
 
     # ------------------------------------------------------------------- conversations
@@ -328,24 +329,24 @@ class HttpDoor:
     async def create_conversation(self, request: web.Request) -> web.Response:
         body = await self._json_body(request)
         created = await self.front.conversations.create(
-            _call(request, "CreateConversation"), create_conversation_request(body)
+            self._call(request, "CreateConversation"), create_conversation_request(body)
         )
         return web.json_response(conversation_json(created), dumps=_dumps)
 
     async def get_conversation(self, request: web.Request) -> web.Response:
-        call = _call(request, "GetConversation")
+        call = self._call(request, "GetConversation")
         return web.json_response(
             conversation_json(await self.front.conversations.get(call, request.match_info["id"])), dumps=_dumps
         )
 
     async def update_conversation(self, request: web.Request) -> web.Response:
         update = update_conversation_request(request.match_info["id"], await self._json_body(request))
-        updated = await self.front.conversations.update(_call(request, "UpdateConversation"), update)
+        updated = await self.front.conversations.update(self._call(request, "UpdateConversation"), update)
         return web.json_response(conversation_json(updated), dumps=_dumps)
 
     async def delete_conversation(self, request: web.Request) -> web.Response:
         conversation_id = request.match_info["id"]
-        await self.front.conversations.delete(_call(request, "DeleteConversation"), conversation_id)
+        await self.front.conversations.delete(self._call(request, "DeleteConversation"), conversation_id)
         return web.json_response(deleted_json(conversation_id), dumps=_dumps)
 
     async def conversation_items(self, request: web.Request) -> web.Response:
@@ -357,32 +358,37 @@ class HttpDoor:
             # OpenAI's default order: newest first.
             order=LIST_ORDERS[one_of(query.get("order", "desc"), "order", ORDERS)],
         )
-        page = await self.front.conversations.list_items(_call(request, "ListConversationItems"), listing)
+        page = await self.front.conversations.list_items(self._call(request, "ListConversationItems"), listing)
         return web.json_response(items_json(list(page.items), page.first_id, page.last_id, page.has_more), dumps=_dumps)
 
     async def add_conversation_items(self, request: web.Request) -> web.Response:
         adding = add_items_request(request.match_info["id"], await self._json_body(request))
-        added = await self.front.conversations.add_items(_call(request, "CreateConversationItems"), adding)
+        added = await self.front.conversations.add_items(self._call(request, "CreateConversationItems"), adding)
         return web.json_response(items_json(list(added.items), added.first_id, added.last_id, False), dumps=_dumps)
 
     async def conversation_item(self, request: web.Request) -> web.Response:
-        call, match = _call(request, "GetConversationItem"), request.match_info
+        call, match = self._call(request, "GetConversationItem"), request.match_info
         item = await self.front.conversations.get_item(call, match["id"], match["item_id"])
         return web.json_response(item_json(item), dumps=_dumps)
 
     async def delete_conversation_item(self, request: web.Request) -> web.Response:
-        call, match = _call(request, "DeleteConversationItem"), request.match_info
+        call, match = self._call(request, "DeleteConversationItem"), request.match_info
         conversation = await self.front.conversations.delete_item(call, match["id"], match["item_id"])
         return web.json_response(conversation_json(conversation), dumps=_dumps)
+
+    def _call(self, request: web.Request, method: str) -> Call:
+        """The request as the core takes it: who calls (set by the middleware), its headers as
+        metadata, its route as the span's HTTP attributes (when there are spans to have them)."""
+        door = _span_attributes(request) if self.front.observed else None
+        return Call(method, current_identity.get(), _metadata(request), None, door)
 
     async def _body(self, request: web.Request) -> bytes:
         """The request's body, read within the idle timeout (a client that dribbles it is cut),
         and at most as large as a request may be on either door (a larger one is refused before
         the rest of it is read: BodyTooLarge, 413)."""
-        bound = body_limit(self.settings.max_body_bytes, self.front.limits.max_request_bytes)
         try:
             async with asyncio.timeout(self.settings.idle_timeout):
-                return await read_body(request, bound)
+                return await read_body(request, self.body_limit)
         except TimeoutError:
             raise RequestError(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -398,12 +404,6 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_la
 
 def _dumps(value: Any) -> str:
     return dumps(value)
-
-
-def _json(raw: bytes) -> object:
-    """A small body's JSON value (http/body.py: strict UTF-8, no NaN, bounded nesting, no lone
-    surrogates; RequestError naming where); a large one is read with body.read_json."""
-    return parse_json(raw)
 
 
 def _metadata(request: web.Request) -> list[tuple[str, str]]:
@@ -437,12 +437,6 @@ def _query_int(value: str | None, param: str) -> int:
         raise bad(param, f"must be an integer, not {value[:32]!r}") from None
 
 
-def _call(request: web.Request, method: str) -> Call:
-    """The request as the core takes it: who calls (set by the middleware), its headers as
-    metadata, its route as the span's HTTP attributes."""
-    return Call(method, current_identity.get(), _metadata(request), None, _span_attributes(request))
-
-
 def _extended(request: web.Request) -> bool:
     return request.headers.get(EXTENSIONS_HEADER, "").strip().lower() == EXTENDED
 
@@ -451,23 +445,21 @@ class _Body:
     """A body that starts a response, as it arrived (front.Encoded): the core admits it by its
     size, then it is decoded here (JSON, then the spec's mapping)."""
 
-    __slots__ = ("decoded", "map", "raw", "starts_response")
+    __slots__ = ("decoded", "limits", "map", "raw", "size", "starts_response")
 
-    def __init__(self, raw: bytes, read: Callable[[bytes], Awaitable[Any]]) -> None:
+    def __init__(self, raw: bytes, read: Callable[[bytes, Limits], Awaitable[Any]], limits: Limits) -> None:
         self.raw = raw
+        self.size = len(raw)
         # body.read_create or read_compaction: the JSON parsed, checked and mapped (a large
-        # body in the worker process).
+        # body in the worker process), within `limits`.
         self.map = read
+        self.limits = limits
         self.starts_response = True
         self.decoded: Any = None
 
-    @property
-    def size(self) -> int:
-        return len(self.raw)
-
     def too_large(self, limit: int) -> RequestError:
-        return bad("body", f"the request is {len(self.raw)} bytes, at most {limit} (ANTWORT_MAX_REQUEST_BYTES)")
+        return bad("body", f"the request is {self.size} bytes, at most {limit} (ANTWORT_MAX_REQUEST_BYTES)")
 
     async def decode(self) -> Any:
-        self.decoded = await self.map(self.raw)
+        self.decoded = await self.map(self.raw, self.limits)
         return self.decoded

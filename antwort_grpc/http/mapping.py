@@ -15,7 +15,6 @@ import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
@@ -85,19 +84,10 @@ STATUS_NAMES = {
 IGNORED = frozenset({"stream_options", "service_tier", "safety_identifier", "user"})
 
 
-@dataclass(frozen=True, slots=True)
-class Create:
-    """A create request as the door needs it: the request, and how it is to be served."""
-
-    request: pb.CreateResponseRequest
-    stream: bool
-    background: bool
-
-
 # ---------------------------------------------------------------------------------------- in
 
 
-def create_request(body: object) -> Create:
+def create_request(body: object) -> pb.CreateResponseRequest:
     """The request a JSON body asks for; RequestError (INVALID_ARGUMENT, the parameter named)."""
     body = obj(body, "body")
     request = pb.CreateResponseRequest()
@@ -111,11 +101,7 @@ def create_request(body: object) -> Create:
         if reader is None:
             fail(key, "unknown parameter")
         reader(request, value)
-    stream = boolean(body.get("stream", False), "stream")
-    request.stream = stream
-    background = boolean(body.get("background", False), "background")
-    request.background = background
-    return Create(request, stream, background)
+    return request
 
 
 def _input(request: pb.CreateResponseRequest, value: object) -> None:
@@ -253,13 +239,12 @@ def _include(request: pb.CreateResponseRequest, value: object) -> None:
             fail(f"include[{n}]", f"{wanted[:64]!r} is not supported: the gateway adds nothing more on request")
 
 
-def _checked_only(
-    param: str, check: Callable[[object, str], object]
-) -> Callable[[pb.CreateResponseRequest, object], None]:
-    def read(request: pb.CreateResponseRequest, value: object) -> None:
-        check(value, param)
+def _stream(request: pb.CreateResponseRequest, value: object) -> None:
+    request.stream = boolean(value, "stream")
 
-    return read
+
+def _background(request: pb.CreateResponseRequest, value: object) -> None:
+    request.background = boolean(value, "background")
 
 
 _FIELDS: dict[str, Callable[[pb.CreateResponseRequest, object], None]] = {
@@ -284,9 +269,8 @@ _FIELDS: dict[str, Callable[[pb.CreateResponseRequest, object], None]] = {
     "frequency_penalty": _frequency_penalty,
     "top_logprobs": _top_logprobs,
     "include": _include,
-    # Read by create_request itself; checked here so a wrong type is named.
-    "stream": _checked_only("stream", boolean),
-    "background": _checked_only("background", boolean),
+    "stream": _stream,
+    "background": _background,
 }
 
 
@@ -685,13 +669,9 @@ RENDER_OFF_LOOP_TOOLS = 8
 LIFECYCLE = TERMINAL_EVENTS | {"created", "in_progress", "queued"}
 
 
-async def echoed_tools_ready(event: pb.StreamEvent) -> None:
-    """The tools of the Response a lifecycle event carries rendered (`echoed_tools_json`) in the
+async def echoed_tools_ready(response: pb.Response) -> None:
+    """The tools of a Response (of a lifecycle event) rendered (`echoed_tools_json`) in the
     worker thread when there are many and they were not yet, so rendering the event does not."""
-    kind = event.WhichOneof("event")
-    if kind not in LIFECYCLE:
-        return
-    response: pb.Response = getattr(event, kind).response
     if len(response.tools) > RENDER_OFF_LOOP_TOOLS and response.id not in _ECHOED:
         await off_loop(echoed_tools_json, response)
 
@@ -939,10 +919,21 @@ EXTENSION_PREFIX = "antwort:"
 def event_json(
     event: pb.StreamEvent, extended: bool = False, background: bool = False, kind: str | None = None
 ) -> JSON | None:
-    """A stream event as the spec's event object; None for an event of ours the client did not ask
-    for (`extended`: every event, ours as `antwort:<name>` with the payload's protobuf JSON;
-    `background`: the response in it was created in background; `kind`: the event's case, when
-    the caller has read it already)."""
+    """A stream event as the spec's event object, numbered as the core numbered it; None for an
+    event of ours the client did not ask for (see event_body)."""
+    body = event_body(event, extended, background, kind)
+    if body is not None:
+        body["sequence_number"] = event.sequence_number
+    return body
+
+
+def event_body(
+    event: pb.StreamEvent, extended: bool = False, background: bool = False, kind: str | None = None
+) -> JSON | None:
+    """A stream event as the spec's event object without its `sequence_number` (a sink numbers
+    the events it sends); None for an event of ours the client did not ask for (`extended`: every
+    event, ours as `antwort:<name>` with the payload's protobuf JSON; `background`: the response
+    in it was created in background; `kind`: the event's case, when the caller has read it)."""
     if kind is None:
         kind = event.WhichOneof("event")
     if kind is None:
@@ -956,7 +947,6 @@ def event_json(
         return None
     if background and "response" in body:
         body["response"]["background"] = True
-    body["sequence_number"] = event.sequence_number
     return body
 
 

@@ -14,7 +14,7 @@ from aiohttp import web
 from antwort_grpc import pb
 from antwort_grpc.errors import RequestError
 from antwort_grpc.http.errors import error_json
-from antwort_grpc.http.mapping import LIFECYCLE, dumps, echoed_tools_ready, event_json, response_json, sse
+from antwort_grpc.http.mapping import LIFECYCLE, dumps, echoed_tools_ready, event_body, response_json, sse
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,8 @@ class EventWriter:
     for extension events, so every replica gives an event the same number: an attach reads the
     log from its start, counts the same way, and sends what comes after `skip` (the client's
     `starting_after`)."""
+
+    takes_wire = False  # every event is rendered as JSON
 
     def __init__(self, request: web.Request, extended: bool, body: Decoded | None, skip: int = 0) -> None:
         self.request = request
@@ -67,8 +69,8 @@ class EventWriter:
             response = await self._prepare()
         kind = event.WhichOneof("event")
         if kind in LIFECYCLE:  # not a coroutine per delta
-            await echoed_tools_ready(event)
-        body = event_json(event, self.extended, self.background, kind)
+            await echoed_tools_ready(getattr(event, kind).response)
+        body = event_body(event, self.extended, self.background, kind)
         if body is None:
             return
         self.number += 1
@@ -123,7 +125,7 @@ class EventWriter:
         last = self.last
         assert last is not None, "the core sent no event"
         answer: pb.Response = getattr(last, str(last.WhichOneof("event"))).response
-        await echoed_tools_ready(last)
+        await echoed_tools_ready(answer)
         return web.json_response(response_json(answer, self.background), dumps=_dumps)
 
 

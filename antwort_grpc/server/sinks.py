@@ -18,6 +18,8 @@ class StreamWriter:
 
     __slots__ = ("context", "field")
 
+    takes_wire = True  # the engine's bytes of an event are sent as they are
+
     def __init__(self, context: Any, field: int) -> None:
         self.context = context
         self.field = field
