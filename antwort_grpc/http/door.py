@@ -44,8 +44,8 @@ from antwort_grpc.http.conversations import (
 )
 from antwort_grpc.http.errors import error_json, http_status, plain_error, server_log
 from antwort_grpc.http.jsonread import bad, integer, obj, one_of
-from antwort_grpc.http.mapping import accepted_json, dumps, input_items_json, item_json, response_json
-from antwort_grpc.http.sinks import EventWriter
+from antwort_grpc.http.mapping import accepted_json, input_items_json, item_json, response_json
+from antwort_grpc.http.sinks import EventWriter, json_reply
 from antwort_grpc.open_files import door_bounds
 from antwort_grpc.startup_errors import StartupError
 
@@ -267,7 +267,7 @@ class HttpDoor:
         """The spec's compaction: the conversation summarized by the model into one item."""
         body = _Body(await self._body(request), read_compaction, self.front.limits)
         compacted = await self.front.compact(self._call(request, "CompactResponse"), body)
-        return web.json_response(compacted_json(compacted), dumps=_dumps)
+        return json_reply(compacted_json(compacted))
 
     async def get(self, request: web.Request) -> web.StreamResponse:
         response_id = request.match_info["id"]
@@ -275,7 +275,7 @@ class HttpDoor:
             return await self._attach(request, response_id)
         call = self._call(request, "GetResponse")
         response = await self.front.get(call, response_id)
-        return web.json_response(response_json(response, await self.front.logged(call, response_id)), dumps=_dumps)
+        return json_reply(response_json(response, await self.front.logged(call, response_id)))
 
     async def _attach(self, request: web.Request, response_id: str) -> web.StreamResponse:
         """A background response streamed again: its events after `starting_after`, then the
@@ -296,7 +296,7 @@ class HttpDoor:
         response_id = request.match_info["id"]
         call = self._call(request, "CancelResponse")
         response = await self.front.cancel(call, response_id)
-        return web.json_response(response_json(response, await self.front.logged(call, response_id)), dumps=_dumps)
+        return json_reply(response_json(response, await self.front.logged(call, response_id)))
 
     async def input_items(self, request: web.Request) -> web.Response:
         query = request.query
@@ -310,7 +310,7 @@ class HttpDoor:
             after=query.get("after", ""),
             descending=descending,
         )
-        return web.json_response(input_items_json(page), dumps=_dumps)
+        return json_reply(input_items_json(page))
 
     async def control(self, request: web.Request) -> web.Response:
         name = request.path.rsplit("/", 1)[1]
@@ -318,7 +318,7 @@ class HttpDoor:
         body = obj(await read_json(await self._body(request), limits) if request.can_read_body else {}, "body")
         control = ROUTED[name](body)
         accepted = await self.front.control(self._call(request, "ControlResponse"), request.match_info["id"], control)
-        return web.json_response(accepted_json(accepted), dumps=_dumps)
+        return json_reply(accepted_json(accepted))
 
     # ------------------------------------------------------------------- conversations
 
@@ -331,23 +331,21 @@ class HttpDoor:
         created = await self.front.conversations.create(
             self._call(request, "CreateConversation"), create_conversation_request(body)
         )
-        return web.json_response(conversation_json(created), dumps=_dumps)
+        return json_reply(conversation_json(created))
 
     async def get_conversation(self, request: web.Request) -> web.Response:
         call = self._call(request, "GetConversation")
-        return web.json_response(
-            conversation_json(await self.front.conversations.get(call, request.match_info["id"])), dumps=_dumps
-        )
+        return json_reply(conversation_json(await self.front.conversations.get(call, request.match_info["id"])))
 
     async def update_conversation(self, request: web.Request) -> web.Response:
         update = update_conversation_request(request.match_info["id"], await self._json_body(request))
         updated = await self.front.conversations.update(self._call(request, "UpdateConversation"), update)
-        return web.json_response(conversation_json(updated), dumps=_dumps)
+        return json_reply(conversation_json(updated))
 
     async def delete_conversation(self, request: web.Request) -> web.Response:
         conversation_id = request.match_info["id"]
         await self.front.conversations.delete(self._call(request, "DeleteConversation"), conversation_id)
-        return web.json_response(deleted_json(conversation_id), dumps=_dumps)
+        return json_reply(deleted_json(conversation_id))
 
     async def conversation_items(self, request: web.Request) -> web.Response:
         query = request.query
@@ -359,22 +357,22 @@ class HttpDoor:
             order=LIST_ORDERS[one_of(query.get("order", "desc"), "order", ORDERS)],
         )
         page = await self.front.conversations.list_items(self._call(request, "ListConversationItems"), listing)
-        return web.json_response(items_json(list(page.items), page.first_id, page.last_id, page.has_more), dumps=_dumps)
+        return json_reply(items_json(list(page.items), page.first_id, page.last_id, page.has_more))
 
     async def add_conversation_items(self, request: web.Request) -> web.Response:
         adding = add_items_request(request.match_info["id"], await self._json_body(request))
         added = await self.front.conversations.add_items(self._call(request, "CreateConversationItems"), adding)
-        return web.json_response(items_json(list(added.items), added.first_id, added.last_id, False), dumps=_dumps)
+        return json_reply(items_json(list(added.items), added.first_id, added.last_id, False))
 
     async def conversation_item(self, request: web.Request) -> web.Response:
         call, match = self._call(request, "GetConversationItem"), request.match_info
         item = await self.front.conversations.get_item(call, match["id"], match["item_id"])
-        return web.json_response(item_json(item), dumps=_dumps)
+        return json_reply(item_json(item))
 
     async def delete_conversation_item(self, request: web.Request) -> web.Response:
         call, match = self._call(request, "DeleteConversationItem"), request.match_info
         conversation = await self.front.conversations.delete_item(call, match["id"], match["item_id"])
-        return web.json_response(conversation_json(conversation), dumps=_dumps)
+        return json_reply(conversation_json(conversation))
 
     def _call(self, request: web.Request, method: str) -> Call:
         """The request as the core takes it: who calls (set by the middleware), its headers as
@@ -400,10 +398,6 @@ class HttpDoor:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large", 400: "invalid_request"}
-
-
-def _dumps(value: Any) -> str:
-    return dumps(value)
 
 
 def _metadata(request: web.Request) -> list[tuple[str, str]]:

@@ -14,7 +14,7 @@ from aiohttp import web
 from antwort_grpc import pb
 from antwort_grpc.errors import RequestError
 from antwort_grpc.http.errors import error_json
-from antwort_grpc.http.mapping import LIFECYCLE, dumps, echoed_tools_ready, event_body, response_json, sse
+from antwort_grpc.http.mapping import LIFECYCLE, echoed_tools_ready, encode, event_body, response_json, sse
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +126,9 @@ class EventWriter:
         assert last is not None, "the core sent no event"
         answer: pb.Response = getattr(last, str(last.WhichOneof("event"))).response
         await echoed_tools_ready(answer)
-        return web.json_response(response_json(answer, self.background), dumps=_dumps)
+        return json_reply(response_json(answer, self.background))
 
 
-def _dumps(value: Any) -> str:
-    return dumps(value)
+def json_reply(value: Any) -> web.Response:
+    """A JSON answer, encoded as the events are (mapping.encode)."""
+    return web.Response(body=encode(value), content_type="application/json", charset="utf-8")
