@@ -4,7 +4,7 @@ it should be admitted before it is decoded (`Encoded`), and where the events go 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -67,8 +67,9 @@ class Sink(Protocol):
     # door sends them as they are); False: it is handed None, and no bytes are looked up per event.
     takes_wire: bool
 
-    async def event(self, event: pb.StreamEvent, wire: bytes | None) -> None:
-        """One event; `wire`: its bytes when the engine serialized it already (else None)."""
+    def event(self, event: pb.StreamEvent, wire: bytes | None) -> Awaitable[None]:
+        """One event; `wire`: its bytes when the engine serialized it already (else None). A
+        coroutine, or the door's own write returned as it is (no coroutine of ours per event)."""
         ...
 
     async def batch(self, events: Sequence[pb.StreamEvent], wires: Sequence[bytes]) -> None:

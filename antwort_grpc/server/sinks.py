@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from antwort_grpc import pb
@@ -24,8 +24,10 @@ class StreamWriter:
         self.context = context
         self.field = field
 
-    async def event(self, event: pb.StreamEvent, wire: bytes | None) -> None:
-        await self.context.write(EventMessage(event, wire))
+    def event(self, event: pb.StreamEvent, wire: bytes | None) -> Awaitable[None]:
+        # grpc's write itself, awaited by the caller: no coroutine of ours per streamed event.
+        written: Awaitable[None] = self.context.write(EventMessage(event, wire))
+        return written
 
     async def batch(self, events: Sequence[pb.StreamEvent], wires: Sequence[bytes]) -> None:
         for message in wire_messages(wires, self.field):

@@ -121,7 +121,8 @@ class StreamTranslator:
                 if reasoning := delta.reasoning_content or delta.reasoning:
                     events.append(ReasoningDelta(reasoning))
                 if delta.content:
-                    events.append(TextDelta(delta.content, token_logprobs(choice.logprobs)))
+                    logprobs = choice.logprobs  # asked for by few: no call per delta without them
+                    events.append(TextDelta(delta.content, token_logprobs(logprobs) if logprobs is not None else ()))
                 if delta.refusal:
                     events.append(RefusalDelta(delta.refusal))
                 if delta.tool_calls:
