@@ -4,15 +4,20 @@ is stable; everything sent out is valid against the spec's schema."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from antwort_grpc import pb
+from antwort_grpc.errors import RequestError
 from antwort_grpc.http.errors import param_of
 from antwort_grpc.http.mapping import (
+    RawJSON,
     create_request,
+    encode,
     event_json,
     item_from_json,
     item_json,
@@ -193,6 +198,27 @@ def test_a_request_in_the_specs_json_maps_to_protobuf_and_back_stably(
 
 def test_a_string_input_is_the_shorthand_for_one_user_message() -> None:
     assert create_request({"model": "m", "input": "hi"}).input_text == "hi"
+
+
+def test_stream_and_background_are_read_as_any_parameter() -> None:
+    request = create_request({"model": "m", "input": "hi", "stream": True, "background": False})
+    assert request.stream and not request.background
+    assert not create_request({"model": "m", "stream": None}).stream  # null: as if absent
+    with pytest.raises(RequestError) as refused:
+        create_request({"model": "m", "stream": "yes"})
+    assert param_of(refused.value.violations[0].field) == "stream"
+
+
+@given(st.dictionaries(text, st.one_of(text, st.integers(-(2**53), 2**53), st.floats(allow_nan=False, allow_infinity=False)), max_size=5))
+def test_a_document_is_encoded_as_the_json_it_holds(values: dict[str, Any]) -> None:
+    schema = '{"type": "object", "properties": {"ü": {"type": "string"}}}'
+    document = {"values": values, "schema": RawJSON(schema), "text": "naïve \u2028 ok"}
+    assert json.loads(encode(document)) == {"values": values, "schema": json.loads(schema), "text": "naïve \u2028 ok"}
+
+
+def test_a_lone_surrogate_is_escaped_not_a_failure() -> None:
+    document = {"text": "a\ud800b", "schema": RawJSON('{"x": 1}')}
+    assert json.loads(encode(document)) == {"text": "a\ud800b", "schema": {"x": 1}}
 
 
 def _response(status: int, output: list[pb.Item]) -> pb.Response:

@@ -287,9 +287,10 @@ class Front:
         False: a refusal is counted by whoever it is raised to (a session's watch)."""
         try:
             limit = self.responses.limits.max_request_bytes
-            if limit and request.size > limit:
+            size = request.size
+            if limit and size > limit:
                 raise request.too_large(limit)
-            return self.edge.admission.reserve(request.size)
+            return self.edge.admission.reserve(size)
         except RequestError as err:
             if counted:
                 self.edge.refused(call.method, err)
