@@ -376,7 +376,7 @@ class HttpDoor:
 
     def _call(self, request: web.Request, method: str) -> Call:
         """The request as the core takes it: who calls (set by the middleware), its headers as
-        metadata, its route as the span's HTTP attributes (when there are spans to have them)."""
+        metadata, its route as the span's HTTP attributes (built only when something observes it)."""
         door = _span_attributes(request) if self.front.observed else None
         return Call(method, current_identity.get(), _metadata(request), None, door)
 
