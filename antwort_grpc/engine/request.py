@@ -20,9 +20,24 @@ _PREFIX = {
     "approval_response": "apres",
 }
 
-# Optional settings a Response echoes under the request's own names, each only when it is set.
-_SCALARS_IF_SET = ("max_output_tokens", "temperature", "top_p", "presence_penalty", "frequency_penalty", "top_logprobs")
-_MESSAGES_IF_SET = ("tool_choice", "text")
+# What a Response echoes under the request's own names, each only when the request set it.
+_ECHOED = frozenset(
+    {
+        "previous_response_id",
+        "conversation_id",
+        "instructions",
+        "parallel_tool_calls",
+        "store",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "top_logprobs",
+        "prompt_cache_key",
+    }
+)
+_ECHOED_MESSAGES = frozenset({"tool_choice", "text"})
 
 
 def input_items(request: pb.CreateResponseRequest) -> list[pb.Item]:
@@ -64,29 +79,23 @@ def new_response(
     response.id = response_id()
     response.model = model
     response.status = _IN_PROGRESS  # type: ignore[assignment]
-    response.previous_response_id = request.previous_response_id
-    response.conversation_id = request.conversation_id
-    response.instructions = request.instructions
-    response.parallel_tool_calls = request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
-    response.store = request.store if request.HasField("store") else True
-    if request.metadata:
-        response.metadata.update(request.metadata)
+    response.parallel_tool_calls = True
+    response.store = True
     response.created_at.FromNanoseconds(time.time_ns())
-    _echo_settings(request, response)
+    # What the request set of what a Response echoes (unset stays unset, or its default): the
+    # settings, those passed to the backend as they are, and the tool-call limit. One pass over the
+    # fields set (a single call into C): a plain request sets three or four of them, and asking
+    # after each echoed one by name cost as much as the rest of the Response.
+    for field, value in request.ListFields():
+        name = field.name
+        if name in _ECHOED:
+            setattr(response, name, value)
+        elif name in _ECHOED_MESSAGES:
+            getattr(response, name).CopyFrom(value)
+        elif name == "metadata":
+            response.metadata.update(value)
+        elif name == "reasoning" and value.effort:
+            response.reasoning.effort = value.effort
+        elif name == "limits" and value.HasField("max_tool_calls"):
+            response.max_tool_calls = value.max_tool_calls
     return response
-
-
-def _echo_settings(request: pb.CreateResponseRequest, response: pb.Response) -> None:
-    """The optional settings the request set (unset stays unset), those passed to the backend as
-    they are, and the tool-call limit, echoed."""
-    for name in _SCALARS_IF_SET:
-        if request.HasField(name):
-            setattr(response, name, getattr(request, name))
-    for name in _MESSAGES_IF_SET:
-        if request.HasField(name):
-            getattr(response, name).CopyFrom(getattr(request, name))
-    if request.reasoning.effort:
-        response.reasoning.effort = request.reasoning.effort
-    response.prompt_cache_key = request.prompt_cache_key
-    if request.limits.HasField("max_tool_calls"):
-        response.max_tool_calls = request.limits.max_tool_calls

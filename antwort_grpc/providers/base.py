@@ -23,7 +23,10 @@ class FinishReason(enum.Enum):
     CONTENT_FILTER = "content_filter"
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass sets each of its eighteen fields through object.__setattr__, a
+# call each, and one is built for every model call. Nothing assigns to one: a changed call is a
+# copy (dataclasses.replace), and its items and tools are the run's own.
+@dataclass(slots=True)
 class TurnRequest:
     """One inference call: the full context and the settings for this turn."""
 

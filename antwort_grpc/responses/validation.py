@@ -53,9 +53,10 @@ def validate_create(
         _check_text(request.text, limits, v)
     if request.HasField("max_output_tokens") and request.max_output_tokens <= 0:
         v.append(FieldViolation("max_output_tokens", "must be positive"))
-    if request.HasField("temperature") and not 0.0 <= request.temperature <= 2.0:
+    # An unset setting reads as 0, which every range below holds: no presence check needed.
+    if not 0.0 <= request.temperature <= 2.0:
         v.append(FieldViolation("temperature", "must be between 0 and 2"))
-    if request.HasField("top_p") and not 0.0 <= request.top_p <= 1.0:
+    if not 0.0 <= request.top_p <= 1.0:
         v.append(FieldViolation("top_p", "must be between 0 and 1"))
     if request.delta_coalescing.HasField("max_hold"):
         _check_duration(request.delta_coalescing.max_hold, "delta_coalescing.max_hold", coalesce.MAX_HOLD, v)
@@ -77,11 +78,13 @@ def _check_passed_through(request: pb.CreateResponseRequest, v: list[FieldViolat
         v.append(FieldViolation("reasoning.effort", f"one of {', '.join(REASONING_EFFORTS)}"))
     if len(request.prompt_cache_key) > PROMPT_CACHE_KEY_MAX:
         v.append(FieldViolation("prompt_cache_key", f"at most {PROMPT_CACHE_KEY_MAX} characters"))
-    if request.HasField("top_logprobs") and not 0 <= request.top_logprobs <= 20:
+    # Unset, each reads as 0: within its range.
+    if not 0 <= request.top_logprobs <= 20:
         v.append(FieldViolation("top_logprobs", "must be between 0 and 20"))
-    for name in ("presence_penalty", "frequency_penalty"):
-        if request.HasField(name) and not -2.0 <= getattr(request, name) <= 2.0:
-            v.append(FieldViolation(name, "must be between -2 and 2"))
+    if not -2.0 <= request.presence_penalty <= 2.0:
+        v.append(FieldViolation("presence_penalty", "must be between -2 and 2"))
+    if not -2.0 <= request.frequency_penalty <= 2.0:
+        v.append(FieldViolation("frequency_penalty", "must be between -2 and 2"))
 
 
 def _check_metadata(request: pb.CreateResponseRequest, limits: Limits, v: list[FieldViolation]) -> None:

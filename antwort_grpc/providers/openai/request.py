@@ -28,18 +28,6 @@ _MODES = {
     pb.ToolChoiceMode.TOOL_CHOICE_MODE_UNSPECIFIED: "auto",
 }
 _EMPTY_SCHEMA_JSON = json.dumps({"type": "object", "properties": {}})
-# A turn's numeric settings, each sent only when set (a backend that does not know a parameter may
-# refuse it): (TurnRequest field, body key). max_tokens, not max_completion_tokens: every
-# self-hosted backend understands it.
-_NUMBERS_IF_SET = (
-    ("max_output_tokens", "max_tokens"),
-    ("temperature", "temperature"),
-    ("top_p", "top_p"),
-    ("presence_penalty", "presence_penalty"),
-    ("frequency_penalty", "frequency_penalty"),
-)
-
-
 # Messages encoded per call into C beyond this many: json.dumps holds the GIL for the whole call
 # (30 ms for the 2,048 messages of 8 MB), the event loop waits for it as long; in pieces it can
 # take the GIL between them. 128 messages of 3.5 KB held it 60-70 ms a piece on a busy host
@@ -89,22 +77,30 @@ def build_body(turn: TurnRequest, *, stream: bool, model: str | None = None, too
             body["tool_choice"] = tool_choice(turn.tool_choice)
         # Backends (OpenAI among them) reject parallel_tool_calls without tools.
         body["parallel_tool_calls"] = turn.parallel_tool_calls
-    for name, key in _NUMBERS_IF_SET:
-        value = getattr(turn, name)
-        if value is not None:
-            body[key] = value
-    if turn.text_format is not None:
-        body["response_format"] = response_format(turn.text_format)
-    _pass_through(turn, body)
+    _settings(turn, body)
     if stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     return body
 
 
-def _pass_through(turn: TurnRequest, body: dict[str, Any]) -> None:
-    """What the request asked of the backend as it is (each one only when asked: a backend that
-    does not know a parameter may refuse it)."""
+def _settings(turn: TurnRequest, body: dict[str, Any]) -> None:
+    """The turn's settings, and what the request asked of the backend as it is: each one only
+    when asked (a backend that does not know a parameter may refuse it). Spelled out, not a
+    table: a getattr per setting costs every model call."""
+    if turn.max_output_tokens is not None:
+        # max_tokens, not max_completion_tokens: every self-hosted backend understands it.
+        body["max_tokens"] = turn.max_output_tokens
+    if turn.temperature is not None:
+        body["temperature"] = turn.temperature
+    if turn.top_p is not None:
+        body["top_p"] = turn.top_p
+    if turn.presence_penalty is not None:
+        body["presence_penalty"] = turn.presence_penalty
+    if turn.frequency_penalty is not None:
+        body["frequency_penalty"] = turn.frequency_penalty
+    if turn.text_format is not None:
+        body["response_format"] = response_format(turn.text_format)
     if turn.reasoning_effort:
         body["reasoning_effort"] = turn.reasoning_effort
     if turn.prompt_cache_key:
