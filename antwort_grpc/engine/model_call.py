@@ -142,7 +142,8 @@ def turn_request(run: Run, turn: int, context: Sequence[pb.Item] | None = None) 
         temperature=request.temperature if request.HasField("temperature") else None,
         top_p=request.top_p if request.HasField("top_p") else None,
         text_format=structured_format(request) if request.HasField("text") else None,
-        reasoning_effort=request.reasoning.effort,
+        # Asked first: reading an unset message's field makes a wrapper of it.
+        reasoning_effort=request.reasoning.effort if request.HasField("reasoning") else "",
         prompt_cache_key=request.prompt_cache_key,
         presence_penalty=request.presence_penalty if request.HasField("presence_penalty") else None,
         frequency_penalty=request.frequency_penalty if request.HasField("frequency_penalty") else None,

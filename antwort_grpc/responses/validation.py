@@ -73,7 +73,8 @@ PROMPT_CACHE_KEY_MAX = 256
 
 def _check_passed_through(request: pb.CreateResponseRequest, v: list[FieldViolation]) -> None:
     """What goes to the backend as it is: values the backend would refuse, refused here first."""
-    effort = request.reasoning.effort
+    # Asked first: reading an unset message's field makes a wrapper of it.
+    effort = request.reasoning.effort if request.HasField("reasoning") else ""
     if effort and effort not in REASONING_EFFORTS:
         v.append(FieldViolation("reasoning.effort", f"one of {', '.join(REASONING_EFFORTS)}"))
     if len(request.prompt_cache_key) > PROMPT_CACHE_KEY_MAX:
