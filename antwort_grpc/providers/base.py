@@ -56,24 +56,26 @@ class TurnRequest:
     max_hold: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+# The deltas are not frozen: a frozen dataclass sets each field through object.__setattr__, a
+# call each, for every delta of every stream. Nothing assigns to one: coalescing makes new ones.
+@dataclass(slots=True)
 class TextDelta:
     text: str
     # The text's tokens' log probabilities, when asked for and given.
     logprobs: tuple[pb.TokenLogprob, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RefusalDelta:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReasoningDelta:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ToolCallDelta:
     """A fragment of the tool call at `index`. The first fragment of a call carries its
     call_id and name; later ones carry only argument text."""

@@ -224,12 +224,14 @@ def _parsing(handler: Any, refused: Callable[[RequestError], None] | None, undec
         return _parsing_stream(handler, parse, undecoded)
     behavior = handler.unary_unary or handler.unary_stream
     if undecoded is not None:
-        # The servicer decodes it (through the core, which admits it first).
-        async def raw_call(raw: bytes, context: Any) -> Any:
-            return await behavior(RawRequest(raw, parse), context)
+        # The servicer decodes it (through the core, which admits it first). grpc makes the
+        # RawRequest as its deserializer and calls the servicer itself: no coroutine of ours
+        # around the call, which every await of a streamed response would pass through.
+        def raw_request(raw: bytes) -> RawRequest:
+            return RawRequest(raw, parse)
 
         make = grpc.unary_unary_rpc_method_handler if handler.unary_unary else grpc.unary_stream_rpc_method_handler
-        return make(raw_call, response_serializer=_serialize)
+        return make(behavior, request_deserializer=raw_request, response_serializer=_serialize)
     if handler.unary_unary is not None:
         unary = handler.unary_unary
 
