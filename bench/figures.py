@@ -336,7 +336,10 @@ async def concurrency(scale: Scale, results: Results, backend: Child) -> None:
             while True:
                 # A fresh gateway each time: Python keeps memory it once had, so a second run would
                 # show no growth.
-                async with gateway("--provider", "openai", "--backend-url", go_backend.url) as gw:
+                # What one process carries with every conversation admitted, not what admission
+                # lets in (the overload and workers figures measure that): no cap, no lag bound.
+                carry = ("--max-running", "0", "--admission-max-lag", "0")
+                async with gateway("--provider", "openai", "--backend-url", go_backend.url, *carry) as gw:
                     figures, all_streaming = await _hold_streams(scale, gw, go_backend, tokens)
                 if all_streaming or tokens >= scale.tokens * MAX_STRETCH:
                     break

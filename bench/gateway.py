@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 from antwort_grpc import event_loop, pb
 from antwort_grpc.config import GatewaySettings
 from antwort_grpc.executors.base import FunctionExecutor, ProgressSink, ToolExecutor
+from antwort_grpc.gateway import start_gateway, tune_gc
 from antwort_grpc.ids import new_id
 from antwort_grpc.providers.base import (
     Completion,
@@ -38,8 +39,6 @@ from antwort_grpc.providers.base import (
     TurnEnd,
     TurnRequest,
 )
-from antwort_grpc.gateway import start_gateway
-from antwort_grpc.gateway import tune_gc
 from antwort_grpc.storage.memory import MemoryStore
 from bench.procs import until_stopped
 
@@ -152,6 +151,8 @@ async def _serve(args: argparse.Namespace) -> None:
     more = _observed(args)
     if args.max_running is not None:
         more["max_running_responses"] = args.max_running
+    if args.admission_max_lag is not None:
+        more["admission_max_lag"] = args.admission_max_lag
     settings = GatewaySettings(listen="127.0.0.1:0", model="bench", max_turns=50, hooks=args.hook, **more)
     executors = await _executors(args)
     gateway = await start_gateway(settings, provider=provider, store=MemoryStore(), executors=executors)
@@ -193,6 +194,9 @@ def main() -> None:
     parser.add_argument("--http-listen", default="", help="also serve the Open Responses HTTP door there")
     parser.add_argument(
         "--max-running", type=int, default=None, help="ANTWORT_MAX_RUNNING_RESPONSES (the overload figure)"
+    )
+    parser.add_argument(
+        "--admission-max-lag", type=float, default=None, help="ANTWORT_ADMISSION_MAX_LAG (0: no lag bound)"
     )
     parser.add_argument("--default-gc", action="store_true", help="leave CPython's garbage collection as it is")
     args = parser.parse_args()
