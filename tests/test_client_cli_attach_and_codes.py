@@ -4,12 +4,14 @@ a run not followed from its start, one error line, `/follow` acknowledged, and t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 
 from antwort_grpc import pb
 from antwort_grpc.testing.fake_openai import Reply
-from tests.test_client_cli import GUARDED, PARIS, Cli, ask, ask_command, gateway
+from tests.harness import GatewayClient
+from tests.test_client_cli import GUARD, GUARDED, PARIS, Cli, ask, ask_command, gateway
 
 
 async def test_attach_help_lists_only_what_following_a_run_takes() -> None:
@@ -115,6 +117,18 @@ async def test_an_error_line_does_not_repeat_its_message() -> None:
     ), out
 
 
+async def until_follow_up_waits(gw: GatewayClient) -> None:
+    """Until a running response of the gateway holds a follow-up (a state of the run: no event)."""
+    runs = gw.gateway.engine.runs
+
+    def waiting() -> bool:
+        return any((run := runs.get(rid)) is not None and run.follow_up_waiting for rid in runs.running())
+
+    async with asyncio.timeout(GUARD):
+        while not waiting():  # noqa: ASYNC110 - a state of the run, not an event
+            await asyncio.sleep(0.01)
+
+
 async def test_a_follow_up_is_acknowledged_when_sent_and_shown_when_it_is_taken() -> None:
     held = Reply(text="A first answer that goes on.", hold_at=2)
     async with gateway(held, Reply(text="And the follow-up's answer.")) as (gw, fake):
@@ -123,6 +137,10 @@ async def test_a_follow_up_is_acknowledged_when_sent_and_shown_when_it_is_taken(
         await fake.wait_held()
         await chat.type("/follow and then?")
         await chat.expect(r"follow-up sent: and then\? \(answered once this answer ends\)")
+        # "sent" is the client's word when it queues the control on its stream; the held answer is
+        # let go once the gateway has it (else a loaded host can end the answer first: a race of
+        # the test's, which the client reports as "did not take effect").
+        await until_follow_up_waits(gw)
         fake.release()
         await chat.expect(r"↳ follow-up: and then\?")
         await chat.expect(r"And the follow-up's answer\.\ncompleted · ")

@@ -21,7 +21,6 @@ import os
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 ANTWORT = str(Path(sys.executable).parent / "antwort-grpc")
@@ -88,13 +89,6 @@ def broken_links(path: Path) -> list[str]:
     return [m["target"] for m in _LINK.finditer(path.read_text()) if not (path.parent / m["target"]).exists()]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 class Ports:
     """README address -> a free loopback address, the same one every time it is asked."""
 
@@ -103,7 +97,8 @@ class Ports:
 
     def __call__(self, address: str) -> str:
         if address not in self.map:
-            self.map[address] = f"127.0.0.1:{free_port()}"
+            given = frozenset(int(moved.rpartition(":")[2]) for moved in self.map.values())
+            self.map[address] = f"127.0.0.1:{free_ports(1, avoid=given)[0]}"
         return self.map[address]
 
     def rewrite(self, text: str) -> str:

@@ -8,7 +8,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from antwort_grpc import pb
 from antwort_grpc.providers import local_model
 from antwort_grpc.testing.fake_openai import FakeOpenAI, Reply
 from tests.harness import assert_valid_stream, events_of, kind, kinds, output_text, response_of, user
+from tests.ports import free_ports
 from tests.prometheus_server import promtool_check_metrics
 from tests.storage.conftest import empty_database
 from tests.storage.processes import ROOT, Stream, command, environment
@@ -80,12 +80,6 @@ class Workers:
         return sorted(self.channels)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 async def instance_of(url: str, response_id: str) -> str:
     """Which worker saved the response (its store's instance id)."""
     conn = await asyncpg.connect(url)
@@ -135,7 +129,7 @@ async def _drain(stream: asyncio.StreamReader, into: list[str]) -> None:
 @asynccontextmanager
 async def workers_process(url: str, backend: str, count: int = 2, **env: str) -> AsyncIterator[Workers]:
     """`antwort-grpc serve --workers N` with every port on loopback, once all its workers serve."""
-    http_port, metrics_port = free_port(), free_port()
+    http_port, metrics_port = free_ports(2)
     args = ["serve", "--workers", str(count), "--listen", "127.0.0.1:0", "--store", url]
     # No backend: the embedded local model.
     args += ["--backend-url", backend] if backend else []
