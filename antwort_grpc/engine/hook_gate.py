@@ -62,10 +62,6 @@ class Gated:
 class HookPoints:
     """The gate of a run without hooks: every point answered at once with "no objection"."""
 
-    # Whether any hook may be asked or observe anything: where a turn or the response ends the
-    # loop asks once, not at each of the points there (each a call that costs a plain request).
-    active = False
-
     def bind(self, response: pb.Response, race: Race) -> None:
         """The response this run builds, and how the run waits for a hook call."""
 
@@ -152,8 +148,6 @@ async def _unraced(work: Awaitable[Any]) -> Any:
 
 
 class HookGate(HookPoints):
-    active = True
-
     def __init__(self, hooks: Dispatcher, hook_run: HookRun) -> None:
         self.hooks = hooks
         self.run = hook_run

@@ -318,9 +318,8 @@ class Engine:
             else:
                 for event in run.recovery:
                     yield event
-            if run.hooks.active:
-                for event in run.hooks.events(emitter):
-                    yield event
+            for event in run.hooks.events(emitter):
+                yield event
             turns = _Turns(run, self.settings)
             outcome: FinalOutcome
             try:
@@ -344,9 +343,8 @@ class Engine:
             outcome = await self._audited(run, outcome)
             run.finish(outcome)
             self._write_record(run)
-            if run.hooks.active:
-                for event in run.hooks.events(emitter, ending=True):
-                    yield event
+            for event in run.hooks.events(emitter, ending=True):
+                yield event
             await asyncio.shield(self._save_final(run))
             finished = True
             yield await _terminal(emitter, outcome)
@@ -380,8 +378,6 @@ class Engine:
     async def _audited(self, run: Run, outcome: FinalOutcome) -> FinalOutcome:
         """Audit hooks see the response as it ends (its final status and metrics) and every
         observation is delivered; a fail-closed failure there is the response's end instead."""
-        if not run.hooks.active:
-            return outcome
         ending = run.response
         if run.hooks.wants(Point.HOOK_POINT_AFTER_RESPONSE):
             ending = pb.Response()

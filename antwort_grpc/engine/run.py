@@ -139,8 +139,7 @@ class Run:
         self.recovery: list[pb.StreamEvent] | None = None
         # Handed to another replica (or its lease lost): it ends without a final status here.
         self.abandoned = False
-        if self.hooks.active:
-            self.hooks.bind(response, self.wait_for)
+        self.hooks.bind(response, self.wait_for)
 
     # -- what anyone may read ----------------------------------------------------------------------
 

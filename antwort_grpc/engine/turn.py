@@ -163,8 +163,6 @@ class Turn(Step[TurnOutcome]):
         assert self.call is not None
         spent = run.record.model_ended(self.number, run.response.usage, by_hook=self.call.answered)
         self.calls = [i.function_call for i in produced if i.WhichOneof("kind") == "function_call"]
-        if not run.hooks.active:
-            return []
         run.hooks.after_model(self.number, produced, spent)
         return run.hooks.events(run.emitter)
 
